@@ -24,6 +24,8 @@ _LAZY: dict[str, str] = {
     "available_policies": "lightning_hybrid_rollout.schedule",
     "AsyncTrainingConfig": "lightning_hybrid_rollout.config",
     "RolloutConfig": "lightning_hybrid_rollout.config",
+    "HybridRolloutConfig": "lightning_hybrid_rollout.config",
+    "ConfigError": "lightning_hybrid_rollout.config",
     "HybridRolloutCallback": "lightning_hybrid_rollout.lightning.callback",
 }
 

@@ -1,0 +1,544 @@
+"""Typed, validated configuration with the seed's parameter names (seed §2).
+
+Three dataclasses:
+
+* :class:`AsyncTrainingConfig` — the seed's ``async_training`` section: dynamic scheduling switches and the
+  fully-async staleness parameters, plus the derived sample counts (``required_samples``, ``max_required_samples``,
+  ...) every other module reads from here.
+* :class:`RolloutConfig` — the ``rollout`` section: replica counts, per-replica concurrency, sampling and engine
+  settings.
+* :class:`HybridRolloutConfig` — both sections, plus the checks that need both (e.g. ``only_hybrid`` needs hybrid
+  replicas and no standalone ones).
+
+Every field has an attribute docstring right under it (LightningCLI/jsonargparse shows them in ``--help``;
+:func:`field_docs` reads them back). Each dataclass validates itself in ``__post_init__``; every bad value gives one
+line naming the key, the value seen and the fix, all collected into one :class:`ConfigError` (a ``ValueError``).
+
+Example::
+
+    >>> cfg = HybridRolloutConfig.from_dict(
+    ...     {"async_training": {"mini_batch_size": 32}, "rollout": {"n": 8, "standalone_replicas": 1}}
+    ... )
+    >>> cfg.async_training.max_required_samples  # int(32 * 1 * (0.1 + 1) * 4)
+    140
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import itertools
+import math
+import textwrap
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, TypeVar
+
+__all__ = [
+    "BUILTIN_POLICIES",
+    "DTYPES",
+    "AsyncTrainingConfig",
+    "ConfigError",
+    "HybridRolloutConfig",
+    "RolloutConfig",
+    "field_docs",
+    "validate_run_config",
+]
+
+BUILTIN_POLICIES: tuple[str, ...] = ("default", "static_fully_async", "fixed_ratio")
+"""The policies registered by ``lightning_hybrid_rollout.schedule`` on import (used only if it cannot be imported)."""
+
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "auto")
+"""Accepted values of :attr:`RolloutConfig.dtype`."""
+
+_C = TypeVar("_C", bound="_ConfigBase")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid. ``problems`` holds one message per bad value (key, value seen, fix)."""
+
+    def __init__(self, problems: str | Iterable[str]) -> None:
+        self.problems: list[str] = [problems] if isinstance(problems, str) else list(problems)
+        if len(self.problems) == 1:
+            message = self.problems[0]
+        else:
+            message = f"{len(self.problems)} invalid config values:\n" + "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(message)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Validation helpers: each appends at most one message per key to `problems`.
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _suggest(value: Any, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(str(value), list(choices), n=1)
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+class _Checker:
+    def __init__(self, section: str) -> None:
+        self.section = section
+        self.problems: list[str] = []
+
+    def key(self, name: str) -> str:
+        return f"{self.section}.{name}" if self.section else name
+
+    def add(self, name: str, requirement: str, value: Any, fix: str) -> None:
+        self.problems.append(f"{self.key(name)} must be {requirement}, got {value!r}. {fix}")
+
+    def boolean(self, name: str, value: Any) -> None:
+        if not isinstance(value, bool):
+            self.add(name, "a bool", value, f"Write `{name}: true` or `{name}: false` (no quotes).")
+
+    def integer(self, name: str, value: Any, minimum: int, fix: str) -> None:
+        if not _is_int(value):
+            self.add(name, f"an integer >= {minimum}", value, fix)
+        elif value < minimum:
+            self.add(name, f">= {minimum}", value, fix)
+
+    def real(
+        self, name: str, value: Any, fix: str, *, low: float, high: float = math.inf, low_open: bool = False
+    ) -> None:
+        if math.isfinite(high):
+            interval = f"in {'(' if low_open else '['}{low:g}, {high:g}]"
+        else:
+            interval = f"> {low:g}" if low_open else f">= {low:g}"
+        if not _is_real(value) or value > high or value < low or (low_open and value == low):
+            self.add(name, f"a number {interval}", value, fix)
+
+    def choice(self, name: str, value: Any, choices: Iterable[str], fix: str) -> None:
+        choices = tuple(choices)
+        if value not in choices:
+            self.add(name, f"one of {list(choices)}", value, fix + _suggest(value, choices))
+
+    def raise_if_any(self) -> None:
+        if self.problems:
+            raise ConfigError(self.problems)
+
+
+def _available_policies() -> tuple[str, ...]:
+    try:  # lazy: the schedule package is pure Python, but config must not depend on its import order
+        from lightning_hybrid_rollout.schedule import available_policies
+    except ImportError:
+        return BUILTIN_POLICIES
+    return tuple(available_policies())
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Shared dict round trip
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _ConfigBase:
+    """Shared ``to_dict``/``from_dict`` (a dataclass itself, so jsonargparse treats subclasses as plain dataclasses)."""
+
+    SECTION: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain ``dict`` (nested for :class:`HybridRolloutConfig`) that :meth:`from_dict` accepts back."""
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls: type[_C], data: Mapping[str, Any]) -> _C:
+        """Build from a mapping (e.g. a YAML section). Unknown keys are rejected, with the valid keys listed.
+
+        Raises:
+            ConfigError: unknown keys, or invalid values (see the class's field docs).
+        """
+        where = cls.SECTION or cls.__name__
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{where} must be a mapping of keys to values, got {data!r}.")
+        valid = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        unknown = [k for k in data if k not in valid]
+        if unknown:
+            raise ConfigError(
+                [f"{where} has no key {k!r}.{_suggest(k, valid)} Valid keys: {', '.join(valid)}." for k in unknown]
+            )
+        return cls(**cls._convert(dict(data)))
+
+    @classmethod
+    def _convert(cls, data: dict[str, Any]) -> dict[str, Any]:
+        return data
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The attribute docstrings of a config dataclass: ``{field name: docstring}`` (for docs and ``--help``).
+
+    Example::
+
+        >>> field_docs(AsyncTrainingConfig)["staleness_threshold"].split(".")[0]
+        'Fraction of extra samples the rollouter may generate ahead of the trainer, under older weights'
+    """
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, nxt in itertools.pairwise(body):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            docs[node.target.id] = inspect.cleandoc(nxt.value.value)
+    return docs
+
+
+# --------------------------------------------------------------------------------------------------------------
+# async_training
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class AsyncTrainingConfig(_ConfigBase):
+    """The ``async_training`` section (seed §2): dynamic resource scheduling and fully-async staleness.
+
+    Derived sample counts (read these, never recompute them elsewhere): :attr:`required_samples`,
+    :attr:`step_required_samples`, :attr:`max_required_samples`, :attr:`buffer_samples`.
+    """
+
+    SECTION: ClassVar[str] = "async_training"
+
+    # --- Parameters that control dynamic resource scheduling (seed §2, "Core Parameters") -----------------------
+
+    use_dynamic_resource_scheduling: bool = True
+    """Lend hybrid replicas (on the trainer's devices) to rollout while the trainer waits. False = plain
+    fully-async: standalone replicas only (then ``rollout.hybrid_replicas`` must be 0)."""
+
+    dynamic_schedule_policy: str = "default"
+    """Registered name of the policy deciding when hybrid replicas activate/deactivate: ``default`` (adaptive ratio
+    plus cost/benefit gate), ``static_fully_async`` (baseline: never lend), ``fixed_ratio`` (ablation), or a custom
+    name registered with ``@register_policy`` before the config is built."""
+
+    dynamic_schedule_deactivate_ratio: float = 0.3
+    """Initial deactivate ratio, in (0, 1]: hybrid replicas are deactivated once
+    ``int(ratio * step_required_samples)`` samples are buffered. The ``default`` policy adapts it each step;
+    ``only_hybrid`` forces 1.0."""
+
+    dynamic_schedule_enable_rebalance: bool = True
+    """After activating hybrid replicas, clear the load balancer's sticky cache and abort + resume in-flight requests
+    so least-loaded routing moves load onto the newly active (empty) replicas."""
+
+    # --- Parameters of fully-async training used by dynamic scheduling (seed §2, "Existing Async-Training") -----
+
+    staleness_threshold: float = 0.1
+    """Fraction of extra samples the rollouter may generate ahead of the trainer, under older weights. Sets
+    ``max_required_samples`` (the queue bound) and ``buffer_samples``. 0 = no sample outlives one param version."""
+
+    trigger_parameter_sync_step: int = 4
+    """Optimizer steps per parameter version: weights are synced to the rollout replicas every this many steps
+    (one sync cycle)."""
+
+    require_batches: int = 1
+    """Mini-batches gathered from the queue per optimizer step (``required_samples = mini_batch_size *
+    require_batches``)."""
+
+    partial_rollout: bool = True
+    """Resume aborted requests (deactivation, rebalance, weight sync) from the tokens already generated instead of
+    restarting them; the sample records the min/max weight version it was generated under."""
+
+    mini_batch_size: int = 64
+    """Samples per optimizer step (prompts × ``rollout.n``); must be a multiple of ``rollout.n``."""
+
+    only_hybrid: bool = False
+    """Colocated mode (seed: rollout nnodes = 0): every replica is hybrid, no standalone replicas; the trainer's
+    devices alternate between rollout and training every cycle."""
+
+    def __post_init__(self) -> None:
+        c = _Checker(self.SECTION)
+        c.boolean("use_dynamic_resource_scheduling", self.use_dynamic_resource_scheduling)
+        policies = _available_policies()
+        if not isinstance(self.dynamic_schedule_policy, str) or self.dynamic_schedule_policy not in policies:
+            c.choice(
+                "dynamic_schedule_policy",
+                self.dynamic_schedule_policy,
+                policies,
+                "Use a built-in policy or import the module that registers yours with @register_policy first.",
+            )
+        c.real(
+            "dynamic_schedule_deactivate_ratio",
+            self.dynamic_schedule_deactivate_ratio,
+            "Use a fraction such as 0.3 (the seed default); 1.0 waits for the whole cycle's samples.",
+            low=0.0,
+            high=1.0,
+            low_open=True,
+        )
+        c.boolean("dynamic_schedule_enable_rebalance", self.dynamic_schedule_enable_rebalance)
+        c.real(
+            "staleness_threshold",
+            self.staleness_threshold,
+            "Use 0 for no off-policy samples, or a small fraction such as 0.1 (the seed default).",
+            low=0.0,
+        )
+        c.integer(
+            "trigger_parameter_sync_step",
+            self.trigger_parameter_sync_step,
+            1,
+            "Sync weights every N >= 1 optimizer steps (seed default 4).",
+        )
+        c.integer("require_batches", self.require_batches, 1, "Use 1 (the seed default) or more mini-batches per step.")
+        c.boolean("partial_rollout", self.partial_rollout)
+        c.integer(
+            "mini_batch_size",
+            self.mini_batch_size,
+            1,
+            "Set it to prompts per step × rollout.n (e.g. 8 prompts × n=8 = 64).",
+        )
+        c.boolean("only_hybrid", self.only_hybrid)
+        c.raise_if_any()
+
+    @property
+    def required_samples(self) -> int:
+        """Samples per optimizer step: ``mini_batch_size * require_batches``."""
+        return self.mini_batch_size * self.require_batches
+
+    @property
+    def step_required_samples(self) -> int:
+        """Samples per sync cycle: ``required_samples * trigger_parameter_sync_step``."""
+        return self.required_samples * self.trigger_parameter_sync_step
+
+    @property
+    def max_required_samples(self) -> int:
+        """Staleness budget and MessageQueue bound:
+        ``int(required_samples * (staleness_threshold + 1) * trigger_parameter_sync_step)`` (verl's expression, in
+        verl's order, so the float rounding matches)."""
+        return int(self.required_samples * (self.staleness_threshold + 1) * self.trigger_parameter_sync_step)
+
+    @property
+    def buffer_samples(self) -> int:
+        """Extra samples the policy may want buffered beyond the expected ones:
+        ``int(step_required_samples * staleness_threshold)``. verl's doc says ``expected_samples * threshold``,
+        its code ``step_required_samples * threshold``; we follow the code (a per-cycle constant)."""
+        return int(self.step_required_samples * self.staleness_threshold)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# rollout
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RolloutConfig(_ConfigBase):
+    """The ``rollout`` section: replicas, their concurrency, sampling and engine settings."""
+
+    SECTION: ClassVar[str] = "rollout"
+
+    # --- Parameters that control the replicas ------------------------------------------------------------------
+
+    model_path: str = ""
+    """Hugging Face model directory or hub id the engines load. Required by the runtime; may stay empty for
+    simulator-only configs."""
+
+    standalone_replicas: int = 1
+    """Always-on rollout replicas on dedicated devices (seed: rollout nodes). 0 with ``only_hybrid``."""
+
+    hybrid_replicas: int = 1
+    """Rollout replicas sharing the trainer's devices, lent to rollout while the trainer waits."""
+
+    concurrent_samples_per_replica: int = 16
+    """Concurrent samples one replica serves (``s`` in ``cap = min(servers * s, max_required_samples)``)."""
+
+    # --- Parameters that control generation --------------------------------------------------------------------
+
+    n: int = 8
+    """Samples per prompt (the GRPO group size)."""
+
+    response_length: int = 128
+    """Maximum new tokens per sample (a resumed partial rollout counts the tokens it already has)."""
+
+    prompt_length: int = 64
+    """Maximum prompt tokens; longer prompts are rejected by the data path."""
+
+    temperature: float = 1.0
+    """Sampling temperature (>= 0; 0 = greedy)."""
+
+    top_p: float = 1.0
+    """Nucleus sampling mass, in (0, 1]; 1.0 = disabled."""
+
+    # --- Parameters that control the engine --------------------------------------------------------------------
+
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    """Engine weight dtype. ``float32`` gives exact parity with transformers on CPU; ``auto`` follows the
+    checkpoint (a float32 checkpoint then loads as bf16 in vLLM)."""
+
+    kv_cache_memory_bytes: int = 256 * 1024**2
+    """KV-cache bytes per replica (default 256 MiB). Always bounded: vLLM's default takes 0.9 of the device or node
+    memory."""
+
+    cpus_per_replica: int = 1
+    """CPU cores per replica's Ray actor (a CPU replica is pinned to them)."""
+
+    gpus_per_replica: float = 0.0
+    """GPUs per replica's Ray actor (0 on CPU machines; may be fractional)."""
+
+    ray_address: str | None = None
+    """Address of a running Ray cluster; ``None`` starts a local Ray on 127.0.0.1."""
+
+    enforce_eager: bool = True
+    """Disable graph capture/compilation in the engine (faster start; compile does not pay off for tiny models)."""
+
+    seed: int = 0
+    """Seed of the engines' sampling (replica ``i`` uses ``seed + i``)."""
+
+    def __post_init__(self) -> None:
+        c = _Checker(self.SECTION)
+        if not isinstance(self.model_path, str):
+            c.add(
+                "model_path", "a string", self.model_path, "Give a model directory or a hub id, e.g. 'Qwen/Qwen3-0.6B'."
+            )
+        c.integer(
+            "standalone_replicas",
+            self.standalone_replicas,
+            0,
+            "Use 0 (with only_hybrid) or a positive count of dedicated rollout replicas.",
+        )
+        c.integer("hybrid_replicas", self.hybrid_replicas, 0, "Use 0 (plain fully-async) or a positive count.")
+        c.integer(
+            "concurrent_samples_per_replica",
+            self.concurrent_samples_per_replica,
+            1,
+            "Use a positive count such as 16 (the seed default).",
+        )
+        c.integer("n", self.n, 1, "Use the group size, e.g. 8 samples per prompt.")
+        c.integer("response_length", self.response_length, 1, "Give the maximum new tokens per sample, e.g. 128.")
+        c.integer("prompt_length", self.prompt_length, 1, "Give the maximum prompt tokens, e.g. 64.")
+        c.real("temperature", self.temperature, "Use 1.0 for plain sampling or 0 for greedy.", low=0.0)
+        c.real("top_p", self.top_p, "Use 1.0 to disable nucleus sampling.", low=0.0, high=1.0, low_open=True)
+        c.choice("dtype", self.dtype, DTYPES, "Use float32 on CPU for parity with transformers.")
+        c.integer(
+            "kv_cache_memory_bytes",
+            self.kv_cache_memory_bytes,
+            1,
+            "Give a byte count, e.g. 268435456 (256 MiB).",
+        )
+        c.integer("cpus_per_replica", self.cpus_per_replica, 1, "Give at least one core per replica.")
+        c.real("gpus_per_replica", self.gpus_per_replica, "Use 0 on CPU, or e.g. 1.0 per GPU replica.", low=0.0)
+        if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
+            c.add(
+                "ray_address",
+                "null or a non-empty string",
+                self.ray_address,
+                "Use null for a local Ray, or e.g. 'ray://head:10001'.",
+            )
+        c.boolean("enforce_eager", self.enforce_eager)
+        c.integer("seed", self.seed, 0, "Use a non-negative integer.")
+        c.raise_if_any()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# both sections
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _cross_field_problems(a: AsyncTrainingConfig, r: RolloutConfig) -> list[str]:
+    problems: list[str] = []
+    if a.only_hybrid and r.hybrid_replicas == 0:
+        problems.append(
+            "rollout.hybrid_replicas must be >= 1 when async_training.only_hybrid is true, got 0. Colocated mode "
+            "generates on hybrid replicas only: set rollout.hybrid_replicas >= 1 or only_hybrid: false."
+        )
+    if a.only_hybrid and r.standalone_replicas > 0:
+        problems.append(
+            f"rollout.standalone_replicas must be 0 when async_training.only_hybrid is true, got "
+            f"{r.standalone_replicas}. Colocated mode has no standalone replicas: set standalone_replicas: 0 or "
+            f"only_hybrid: false."
+        )
+    if a.only_hybrid and not a.use_dynamic_resource_scheduling:
+        problems.append(
+            "async_training.use_dynamic_resource_scheduling must be true when async_training.only_hybrid is true, "
+            "got false. Without scheduling the hybrid replicas never generate: enable it or set only_hybrid: false."
+        )
+    if not a.use_dynamic_resource_scheduling and r.hybrid_replicas > 0:
+        problems.append(
+            f"rollout.hybrid_replicas must be 0 when async_training.use_dynamic_resource_scheduling is false, got "
+            f"{r.hybrid_replicas}. Set hybrid_replicas: 0, or keep scheduling on with dynamic_schedule_policy: "
+            f"static_fully_async for a baseline that never lends them."
+        )
+    if r.standalone_replicas + r.hybrid_replicas == 0:
+        problems.append(
+            "rollout.standalone_replicas + rollout.hybrid_replicas must be >= 1, got 0 + 0. Nothing would generate "
+            "samples: add at least one replica."
+        )
+    if a.mini_batch_size % r.n:
+        prompts = max(1, round(a.mini_batch_size / r.n))
+        problems.append(
+            f"async_training.mini_batch_size must be a multiple of rollout.n={r.n}, got {a.mini_batch_size}. A "
+            f"step trains whole groups: use e.g. {prompts * r.n} ({prompts} prompts × n={r.n})."
+        )
+    return problems
+
+
+def validate_run_config(async_cfg: AsyncTrainingConfig, rollout_cfg: RolloutConfig) -> None:
+    """Check what needs both sections (each section validated itself already).
+
+    Raises:
+        ConfigError: with one message per violated rule.
+    """
+    problems = _cross_field_problems(async_cfg, rollout_cfg)
+    if problems:
+        raise ConfigError(problems)
+
+
+@dataclass
+class HybridRolloutConfig(_ConfigBase):
+    """A whole run's scheduling config: the ``async_training`` and ``rollout`` sections, checked together.
+
+    Example::
+
+        >>> HybridRolloutConfig(
+        ...     AsyncTrainingConfig(only_hybrid=True), RolloutConfig(standalone_replicas=0, hybrid_replicas=2)
+        ... ).rollout_capacity(2)  # min(2 * 16, int(64 * 1.1 * 4))
+        32
+    """
+
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
+    """The seed's ``async_training`` section."""
+
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Replicas, sampling and engine settings."""
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        if not isinstance(self.async_training, AsyncTrainingConfig):
+            problems.append(
+                f"async_training must be an AsyncTrainingConfig, got {self.async_training!r}. "
+                f"Use HybridRolloutConfig.from_dict for plain mappings."
+            )
+        if not isinstance(self.rollout, RolloutConfig):
+            problems.append(
+                f"rollout must be a RolloutConfig, got {self.rollout!r}. Use HybridRolloutConfig.from_dict for plain "
+                f"mappings."
+            )
+        if problems:
+            raise ConfigError(problems)
+        validate_run_config(self.async_training, self.rollout)
+
+    @classmethod
+    def _convert(cls, data: dict[str, Any]) -> dict[str, Any]:
+        out = dict(data)
+        if isinstance(out.get("async_training"), Mapping):
+            out["async_training"] = AsyncTrainingConfig.from_dict(out["async_training"])
+        if isinstance(out.get("rollout"), Mapping):
+            out["rollout"] = RolloutConfig.from_dict(out["rollout"])
+        return out
+
+    def rollout_capacity(self, active_servers: int) -> int:
+        """The rollouter's concurrency cap with ``active_servers`` replicas routed:
+        ``min(active_servers * concurrent_samples_per_replica, max_required_samples)`` (seed §4.2)."""
+        from lightning_hybrid_rollout.metrics import rollout_capacity
+
+        return rollout_capacity(
+            active_servers, self.rollout.concurrent_samples_per_replica, self.async_training.max_required_samples
+        )

@@ -1,0 +1,643 @@
+"""The seed's ``dynamic_resource/*`` metrics (seed §4): pure formulas plus torchmetrics classes.
+
+Two layers live in this one file:
+
+* **Pure functions** (no torch): the seed's formulas, written once and shared by the runtime (callback,
+  rollouter) and the simulator. Importing this module does not import torch.
+* **torchmetrics classes** built on those functions, created on first attribute access through the module's
+  ``__getattr__`` (so ``from lightning_hybrid_rollout.metrics import TrainResourceUtilization`` imports torch and
+  torchmetrics, ``import lightning_hybrid_rollout.metrics`` does not). Every ratio is reduced
+  *sum-then-divide*: numerator and denominator are separate ``dist_reduce_fx="sum"`` states, the ratio is taken
+  once on the pooled totals. ``LightningModule.log(ratio_tensor, sync_dist=True)`` would average per-rank ratios
+  instead, which is not the seed's formula.
+
+Formulas (seed §4; ``a`` = hybrid devices, ``b`` = standalone devices):
+
+* ``U_train = Σ compute_i / Σ alloc_i`` over the cycle's micro fit-steps (sum first, ratio once).
+* ``U_rollout = Σ_k (t_{k+1}-t_k)·min(cap_k, active_k) / Σ_k (t_{k+1}-t_k)·cap_k`` (intervals with cap 0 skipped).
+* ``cap_k = min(servers_k · s, maxReq)``.
+* ``x = clip(wait / step, 0, 1)``; ``U_cluster = ((1-x)·a·U_train + (x·a + b)·U_rollout) / (a + b)``.
+* ``mq_size``: last value observed in the cycle; ``step_generated_samples``: a counter reset at each param version.
+
+Example::
+
+    >>> from lightning_hybrid_rollout.metrics import train_resource_utilization, rollout_resource_utilization
+    >>> train_resource_utilization([3.0, 5.0], [4.0, 6.0])  # (3+5)/(4+6)
+    0.8
+    >>> rollout_resource_utilization([(0.0, 4, 8), (2.0, 8, 8), (4.0, 0, 8)])  # (2·4 + 2·8)/(2·8 + 2·8)
+    0.75
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+# The torchmetrics classes (TrainResourceUtilization, RolloutResourceUtilization, ClusterResourceUtilization,
+# LastValueMetric, CounterMetric) are public too but stay out of __all__ so that a star import does not load torch.
+__all__ = [
+    "ACTIVATE_DURATION_S",
+    "DEACTIVATE_DURATION_S",
+    "HYBRID_ACTIVE",
+    "HYBRID_SYNC_SKIPPED",
+    "METRIC_NAMES",
+    "MQ_SIZE",
+    "RESOURCE_UTILIZATION",
+    "ROLLOUT_RESOURCE_UTILIZATION",
+    "SEED_METRIC_NAMES",
+    "STEP_GENERATED_SAMPLES",
+    "TRAIN_ALLOCATED_TIME_S",
+    "TRAIN_COMPUTE_TIME_S",
+    "TRAIN_COMPUTE_TIMING_KEYS",
+    "TRAIN_RESOURCE_UTILIZATION",
+    "WEIGHT_SYNC_TIME_S",
+    "LastValue",
+    "StepCounter",
+    "UtilizationPoint",
+    "cluster_resource_utilization",
+    "correct_seed_capacity",
+    "cycle_metrics",
+    "hybrid_rollout_fraction",
+    "last_value",
+    "rollout_capacity",
+    "rollout_resource_utilization",
+    "rollout_utilization_terms",
+    "train_compute_time",
+    "train_resource_utilization",
+]
+
+# --------------------------------------------------------------------------------------------------------------
+# Metric names. The first seven are the seed's (§4) verbatim; the rest are ours.
+# --------------------------------------------------------------------------------------------------------------
+
+TRAIN_RESOURCE_UTILIZATION = "dynamic_resource/train_resource_utilization"
+"""Seed §4.1: Σcompute / Σallocated over the sync cycle."""
+ROLLOUT_RESOURCE_UTILIZATION = "dynamic_resource/rollout_resource_utilization"
+"""Seed §4.2: capacity-time weighted concurrency use over the rollouter's step window."""
+RESOURCE_UTILIZATION = "dynamic_resource/resource_utilization"
+"""Seed §4.3: cluster-wide utilization combining hybrid and standalone devices."""
+TRAIN_COMPUTE_TIME_S = "dynamic_resource/train_compute_time_s"
+"""Seed §4.1 raw numerator: summed training-compute seconds of the cycle."""
+TRAIN_ALLOCATED_TIME_S = "dynamic_resource/train_allocated_time_s"
+"""Seed §4.1 raw denominator: summed wall-clock seconds of the trainer's turn in the cycle."""
+MQ_SIZE = "dynamic_resource/mq_size"
+"""Seed §4.4: samples left in the MessageQueue right after a fit step (last value of the cycle)."""
+STEP_GENERATED_SAMPLES = "fully_async/rollouter/step_generated_samples"
+"""Seed §4.5: samples fully generated during the current param version (reset at each ``reset_staleness``)."""
+
+ACTIVATE_DURATION_S = "dynamic_resource/activate_duration_s"
+"""Ours: wall-clock seconds of the last hybrid activation (wake → sync → add → resume)."""
+DEACTIVATE_DURATION_S = "dynamic_resource/deactivate_duration_s"
+"""Ours: wall-clock seconds of the last hybrid deactivation (remove → abort → sleep)."""
+WEIGHT_SYNC_TIME_S = "dynamic_resource/weight_sync_time_s"
+"""Ours: wall-clock seconds of the last weight sync (standalone, plus hybrid when activated)."""
+HYBRID_SYNC_SKIPPED = "dynamic_resource/hybrid_sync_skipped"
+"""Ours: 1 when the policy kept hybrid replicas asleep so their weight sync was skipped, else 0."""
+HYBRID_ACTIVE = "dynamic_resource/hybrid_active"
+"""Ours: 1 while hybrid replicas serve rollout (HYBRID_ACTIVE state), 0 in STANDALONE_ONLY."""
+
+SEED_METRIC_NAMES: tuple[str, ...] = (
+    TRAIN_RESOURCE_UTILIZATION,
+    ROLLOUT_RESOURCE_UTILIZATION,
+    RESOURCE_UTILIZATION,
+    TRAIN_COMPUTE_TIME_S,
+    TRAIN_ALLOCATED_TIME_S,
+    MQ_SIZE,
+    STEP_GENERATED_SAMPLES,
+)
+"""The seed's metric names, in seed order."""
+
+METRIC_NAMES: tuple[str, ...] = (
+    *SEED_METRIC_NAMES,
+    ACTIVATE_DURATION_S,
+    DEACTIVATE_DURATION_S,
+    WEIGHT_SYNC_TIME_S,
+    HYBRID_SYNC_SKIPPED,
+    HYBRID_ACTIVE,
+)
+"""Every metric name this package emits."""
+
+TRAIN_COMPUTE_TIMING_KEYS: tuple[str, ...] = (
+    "reward",
+    "old_log_prob",
+    "ref",
+    "values",
+    "adv",
+    "update_critic",
+    "update_actor",
+)
+"""Seed §4.1: the ``timing_raw`` keys whose sum is a micro-step's training compute (missing keys count as 0)."""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _total(value: Any, name: str) -> float:
+    """Sum a float or a sequence of floats (tensors and arrays accepted); reject negative or non-finite parts."""
+    if hasattr(value, "tolist"):  # torch.Tensor / numpy array / numpy scalar
+        value = value.tolist()
+    if isinstance(value, (bool, str, bytes)):
+        raise TypeError(f"{name} must be a number or a sequence of numbers, got {value!r}")
+    parts: Iterable[Any] = value if isinstance(value, Iterable) else (value,)
+    total = 0.0
+    for part in parts:
+        if isinstance(part, (bool, str, bytes, Iterable)):
+            raise TypeError(f"{name} must be a number or a flat sequence of numbers, got element {part!r}")
+        f = float(part)
+        if not math.isfinite(f) or f < 0:
+            raise ValueError(f"{name} must be finite and >= 0, got {part!r}")
+        total += f
+    return total
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den > 0 else 0.0
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Pure formulas (seed §4)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def train_compute_time(timing_raw: dict[str, float]) -> float:
+    """Training-compute seconds of one micro fit-step: the sum of the seed's compute keys (seed §4.1).
+
+    Args:
+        timing_raw: per-step timings keyed like verl's ``timing_raw``; keys outside
+            :data:`TRAIN_COMPUTE_TIMING_KEYS` are ignored, missing ones count as 0.
+
+    Example::
+
+        >>> train_compute_time({"reward": 0.5, "update_actor": 2.0, "gen": 9.0})
+        2.5
+    """
+    return _total([timing_raw.get(k, 0.0) for k in TRAIN_COMPUTE_TIMING_KEYS], "timing_raw")
+
+
+def train_resource_utilization(compute_s: float | Sequence[float], allocated_s: float | Sequence[float]) -> float:
+    """``U_train = Σ compute_i / Σ alloc_i`` (seed §4.1): sums first, one ratio; 0.0 when nothing was allocated.
+
+    Not clipped: a value above 1 means compute timers ran outside the allocated window (a measurement bug).
+
+    Args:
+        compute_s: training-compute seconds, one float for the whole cycle or one per micro fit-step.
+        allocated_s: wall-clock seconds of the trainer's turn (includes param sync and activation), same shape.
+    """
+    return _ratio(_total(compute_s, "compute_s"), _total(allocated_s, "allocated_s"))
+
+
+class UtilizationPoint(NamedTuple):
+    """One event of the rollouter's utilization history: from ``t`` on, ``active`` tasks under capacity ``cap``."""
+
+    t: float
+    """Timestamp (seconds, any monotonic clock)."""
+    active: int
+    """``len(active_tasks)`` from ``t`` until the next point."""
+    cap: int
+    """``max_concurrent_samples`` (see :func:`rollout_capacity`) from ``t`` until the next point."""
+
+
+def _points(history: Iterable[Sequence[float]]) -> list[tuple[float, float, float]]:
+    points: list[tuple[float, float, float]] = []
+    for i, point in enumerate(history):
+        if len(point) != 3:
+            raise ValueError(f"history[{i}] must be (t, active, cap), got {point!r}")
+        t, active, cap = (float(v) for v in point)
+        if not (math.isfinite(t) and math.isfinite(active) and math.isfinite(cap)):
+            raise ValueError(f"history[{i}] must hold finite numbers, got {point!r}")
+        if active < 0 or cap < 0:
+            raise ValueError(f"history[{i}] needs active >= 0 and cap >= 0, got {point!r}")
+        if points and t < points[-1][0]:
+            raise ValueError(f"history timestamps must not decrease: history[{i}].t={t} < {points[-1][0]}")
+        points.append((t, active, cap))
+    return points
+
+
+def rollout_utilization_terms(history: Iterable[Sequence[float]]) -> tuple[float, float]:
+    """The two sums of seed §4.2: ``(Σ dt_k·min(cap_k, active_k), Σ dt_k·cap_k)``.
+
+    These are what a distributed reduction must add up (sum-then-divide); :func:`rollout_resource_utilization`
+    is their ratio.
+
+    Args:
+        history: ``(t_k, active_k, cap_k)`` points with non-decreasing ``t``; the interval ``[t_k, t_{k+1})``
+            uses point ``k``'s ``active`` and ``cap``; the last point only closes the window.
+    """
+    points = _points(history)
+    busy = capacity = 0.0
+    for (t0, active, cap), (t1, _, _) in itertools.pairwise(points):
+        if cap <= 0:  # zero capacity: zero weight, skipped (seed §4.2)
+            continue
+        dt = t1 - t0
+        busy += dt * min(cap, active)
+        capacity += dt * cap
+    return busy, capacity
+
+
+def rollout_resource_utilization(history: Iterable[Sequence[float]]) -> float:
+    """``U_rollout`` (seed §4.2): capacity-time weighted share of rollout concurrency in use, in [0, 1].
+
+    ``Σ_k (t_{k+1}-t_k)·min(cap_k, active_k) / Σ_k (t_{k+1}-t_k)·cap_k``. Intervals with ``cap_k = 0`` are skipped;
+    0.0 when the total weight is 0 (empty history, a single point, or only zero-capacity intervals).
+
+    Args:
+        history: see :func:`rollout_utilization_terms`.
+    """
+    return _ratio(*rollout_utilization_terms(history))
+
+
+def correct_seed_capacity(history: Sequence[Sequence[float]], cap: int) -> list[UtilizationPoint]:
+    """Give the leading placeholder-capacity points (cap 0, recorded before the capacity was known) ``cap``.
+
+    Seed §4 caveat: the rollouter seeds its history at init with capacity 0, before ``max_concurrent_samples`` is
+    known. Call this once, when the real capacity first becomes available. Only the leading run of cap-0 points is
+    corrected: a zero capacity *after* a known one (every replica asleep) is real and stays.
+
+    Args:
+        history: ``(t, active, cap)`` points.
+        cap: the real capacity (>= 0).
+
+    Example::
+
+        >>> correct_seed_capacity([(0.0, 0, 0), (1.0, 3, 8)], 8)
+        [UtilizationPoint(t=0.0, active=0, cap=8), UtilizationPoint(t=1.0, active=3, cap=8)]
+    """
+    if isinstance(cap, bool) or int(cap) != cap or cap < 0:
+        raise ValueError(f"cap must be an integer >= 0, got {cap!r}")
+    out: list[UtilizationPoint] = []
+    seeding = True
+    for t, active, c in history:
+        if seeding and c == 0:
+            c = int(cap)
+        else:
+            seeding = False
+        out.append(UtilizationPoint(t, active, c))
+    return out
+
+
+def rollout_capacity(active_servers: int, concurrent_samples_per_replica: int, max_required_samples: int) -> int:
+    """``cap = min(servers · s, maxReq)`` (seed §4.2): the rollouter's concurrency cap for ``active_servers``.
+
+    Example::
+
+        >>> rollout_capacity(3, 16, 40)  # min(48, 40)
+        40
+    """
+    for name, v in (
+        ("active_servers", active_servers),
+        ("concurrent_samples_per_replica", concurrent_samples_per_replica),
+        ("max_required_samples", max_required_samples),
+    ):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+    return min(active_servers * concurrent_samples_per_replica, max_required_samples)
+
+
+def hybrid_rollout_fraction(wait_s: float | Sequence[float], step_s: float | Sequence[float]) -> float:
+    """``x = clip(Σwait / Σstep, 0, 1)`` (seed §4.3): share of the cycle hybrid devices spent on rollout; 0 if step 0.
+
+    Args:
+        wait_s: summed ``timing_s/wait_for_enough_samples`` (float or one per micro-step); 0 when hybrid replicas
+            were not in rollout mode this cycle.
+        step_s: summed ``timing_s/step`` (float or one per micro-step).
+    """
+    return min(1.0, max(0.0, _ratio(_total(wait_s, "wait_s"), _total(step_s, "step_s"))))
+
+
+def cluster_resource_utilization(
+    u_train: float,
+    u_rollout: float,
+    wait_s: float | Sequence[float],
+    step_s: float | Sequence[float],
+    hybrid_devices: int,
+    standalone_devices: int,
+) -> float:
+    """``U_cluster = ((1-x)·a·U_train + (x·a + b)·U_rollout) / (a + b)`` (seed §4.3); 0.0 when ``a + b == 0``.
+
+    Args:
+        u_train: :func:`train_resource_utilization` of the cycle.
+        u_rollout: :func:`rollout_resource_utilization` of the cycle.
+        wait_s: see :func:`hybrid_rollout_fraction`.
+        step_s: see :func:`hybrid_rollout_fraction`.
+        hybrid_devices: ``a``, devices shared by training and hybrid rollout replicas.
+        standalone_devices: ``b``, devices dedicated to standalone rollout replicas.
+    """
+    a, b = float(hybrid_devices), float(standalone_devices)
+    if a < 0 or b < 0:
+        raise ValueError(f"device counts must be >= 0, got hybrid_devices={a}, standalone_devices={b}")
+    if a + b == 0:
+        return 0.0
+    x = hybrid_rollout_fraction(wait_s, step_s)
+    return ((1.0 - x) * a * float(u_train) + (x * a + b) * float(u_rollout)) / (a + b)
+
+
+def last_value(values: Iterable[float], default: float = 0.0) -> float:
+    """Last value observed (seed §4.4 ``mq_size`` semantics: a snapshot, never an average); ``default`` if none."""
+    out = default
+    for value in values:
+        out = value
+    return float(out)
+
+
+class LastValue:
+    """Pure-Python last-value tracker for ``mq_size`` (seed §4.4): report the last snapshot of the cycle."""
+
+    def __init__(self, default: float = 0.0) -> None:
+        self.default = default
+        self._value: float | None = None
+
+    def update(self, value: float) -> None:
+        """Record a snapshot (e.g. ``get_queue_size_sync()`` right after a fit step)."""
+        self._value = float(value)
+
+    @property
+    def value(self) -> float:
+        """The last snapshot, or ``default`` if none was recorded since the last reset."""
+        return self.default if self._value is None else self._value
+
+    def reset(self) -> float:
+        """Return :attr:`value` and forget it (call at the end of the cycle)."""
+        out = self.value
+        self._value = None
+        return out
+
+
+class StepCounter:
+    """Pure-Python counter with ``step_generated_samples`` semantics (seed §4.5): reset at each param version."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def add(self, n: int = 1) -> None:
+        """Count ``n`` more fully generated samples."""
+        if n < 0:
+            raise ValueError(f"StepCounter.add needs n >= 0, got {n}")
+        self.value += n
+
+    def reset(self) -> int:
+        """Return the count of the closing param version and start again from 0 (call in ``reset_staleness``)."""
+        out, self.value = self.value, 0
+        return out
+
+
+def cycle_metrics(
+    *,
+    compute_s: float | Sequence[float],
+    allocated_s: float | Sequence[float],
+    rollout_history: Iterable[Sequence[float]],
+    wait_s: float | Sequence[float],
+    step_s: float | Sequence[float],
+    hybrid_devices: int,
+    standalone_devices: int,
+    mq_sizes: Iterable[float] = (),
+    step_generated_samples: int | None = None,
+) -> dict[str, float]:
+    """All seed §4 metrics of one sync cycle, keyed by their seed names (the simulator and tests use this).
+
+    Args:
+        compute_s, allocated_s: per-micro-step (or summed) trainer timings, see :func:`train_resource_utilization`.
+        rollout_history: the rollouter's window, see :func:`rollout_resource_utilization`.
+        wait_s, step_s: see :func:`hybrid_rollout_fraction`.
+        hybrid_devices, standalone_devices: see :func:`cluster_resource_utilization`.
+        mq_sizes: queue-size snapshots in order; :data:`MQ_SIZE` is the last one (omitted when empty).
+        step_generated_samples: the rollouter's counter for the window (omitted when None).
+    """
+    u_train = train_resource_utilization(compute_s, allocated_s)
+    u_rollout = rollout_resource_utilization(rollout_history)
+    out = {
+        TRAIN_RESOURCE_UTILIZATION: u_train,
+        ROLLOUT_RESOURCE_UTILIZATION: u_rollout,
+        RESOURCE_UTILIZATION: cluster_resource_utilization(
+            u_train, u_rollout, wait_s, step_s, hybrid_devices, standalone_devices
+        ),
+        TRAIN_COMPUTE_TIME_S: _total(compute_s, "compute_s"),
+        TRAIN_ALLOCATED_TIME_S: _total(allocated_s, "allocated_s"),
+    }
+    mq = list(mq_sizes)
+    if mq:
+        out[MQ_SIZE] = last_value(mq)
+    if step_generated_samples is not None:
+        out[STEP_GENERATED_SAMPLES] = float(step_generated_samples)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# torchmetrics classes (built lazily: torch is imported on first access, never by ``import ...metrics``)
+# --------------------------------------------------------------------------------------------------------------
+
+_TORCH_METRIC_NAMES = (
+    "TrainResourceUtilization",
+    "RolloutResourceUtilization",
+    "ClusterResourceUtilization",
+    "LastValueMetric",
+    "CounterMetric",
+)
+
+
+def _build_torch_metrics() -> dict[str, type]:
+    import torch
+    from torchmetrics import Metric
+
+    f64 = torch.float64
+
+    def _zero() -> torch.Tensor:
+        return torch.tensor(0.0, dtype=f64)
+
+    class TrainResourceUtilization(Metric):
+        """``dynamic_resource/train_resource_utilization`` (seed §4.1) as a sum-then-divide metric.
+
+        States ``compute_s`` and ``allocated_s`` are summed over updates and across ranks (``dist_reduce_fx="sum"``);
+        ``compute()`` returns ``Σcompute / Σallocated`` (0 when nothing allocated), the pooled ratio, never the mean
+        of per-rank ratios.
+
+        Example::
+
+            >>> m = TrainResourceUtilization()
+            >>> m.update(3.0, 4.0); m.update([1.0, 1.0], [3.0, 3.0])
+            >>> float(m.compute())  # (3+2)/(4+6)
+            0.5
+        """
+
+        is_differentiable = False
+        higher_is_better = True
+        full_state_update = False
+
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.add_state("compute_s", default=_zero(), dist_reduce_fx="sum")
+            self.add_state("allocated_s", default=_zero(), dist_reduce_fx="sum")
+
+        def update(self, compute_s: Any, allocated_s: Any) -> None:
+            """Add training-compute and allocated seconds (floats, sequences or tensors; summed)."""
+            self.compute_s += _total(compute_s, "compute_s")
+            self.allocated_s += _total(allocated_s, "allocated_s")
+
+        def compute(self) -> torch.Tensor:
+            return torch.tensor(
+                train_resource_utilization(float(self.compute_s), float(self.allocated_s)),
+                dtype=f64,
+            )
+
+    class RolloutResourceUtilization(Metric):
+        """``dynamic_resource/rollout_resource_utilization`` (seed §4.2) as a sum-then-divide metric.
+
+        Each ``update(history)`` adds the window's :func:`rollout_utilization_terms` to the states ``busy``
+        (Σ dt·min(cap, active)) and ``capacity`` (Σ dt·cap), summed across ranks; ``compute()`` is
+        ``busy / capacity`` (0 if 0).
+        """
+
+        is_differentiable = False
+        higher_is_better = True
+        full_state_update = False
+
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.add_state("busy", default=_zero(), dist_reduce_fx="sum")
+            self.add_state("capacity", default=_zero(), dist_reduce_fx="sum")
+
+        def update(self, history: Iterable[Sequence[float]]) -> None:
+            """Add one utilization window: ``(t, active, cap)`` points, the last one closing the window."""
+            busy, capacity = rollout_utilization_terms(history)
+            self.busy += busy
+            self.capacity += capacity
+
+        def compute(self) -> torch.Tensor:
+            return torch.tensor(_ratio(float(self.busy), float(self.capacity)), dtype=f64)
+
+    class ClusterResourceUtilization(Metric):
+        """``dynamic_resource/resource_utilization`` (seed §4.3) with every input pooled across ranks.
+
+        Reduction: all six states are sums (``dist_reduce_fx="sum"``): train compute/allocated seconds, rollout
+        busy/capacity weights, and hybrid wait/step seconds. ``compute()`` then takes ``U_train`` and ``U_rollout`` as
+        ratios of pooled sums, ``x = clip(Σwait / Σstep, 0, 1)`` on the pooled sums, and applies the seed formula with
+        the constructor's device counts (cluster constants, not reduced). A rank passes only what it measures: trainer
+        ranks their timings, the rank hosting the rollouter its history; missing inputs count as 0.
+
+        Args:
+            hybrid_devices: ``a``, devices shared by training and hybrid replicas.
+            standalone_devices: ``b``, devices of the standalone replicas.
+        """
+
+        is_differentiable = False
+        higher_is_better = True
+        full_state_update = False
+
+        def __init__(self, hybrid_devices: int, standalone_devices: int, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            if hybrid_devices < 0 or standalone_devices < 0:
+                raise ValueError(
+                    f"device counts must be >= 0, got hybrid_devices={hybrid_devices}, "
+                    f"standalone_devices={standalone_devices}"
+                )
+            self.hybrid_devices = hybrid_devices
+            self.standalone_devices = standalone_devices
+            for state in ("compute_s", "allocated_s", "busy", "capacity", "wait_s", "step_s"):
+                self.add_state(state, default=_zero(), dist_reduce_fx="sum")
+
+        def update(
+            self,
+            compute_s: Any = 0.0,
+            allocated_s: Any = 0.0,
+            history: Iterable[Sequence[float]] | None = None,
+            wait_s: Any = 0.0,
+            step_s: Any = 0.0,
+        ) -> None:
+            """Add any subset of the cycle's inputs (floats, sequences or tensors; summed)."""
+            self.compute_s += _total(compute_s, "compute_s")
+            self.allocated_s += _total(allocated_s, "allocated_s")
+            if history is not None:
+                busy, capacity = rollout_utilization_terms(history)
+                self.busy += busy
+                self.capacity += capacity
+            self.wait_s += _total(wait_s, "wait_s")
+            self.step_s += _total(step_s, "step_s")
+
+        def compute(self) -> torch.Tensor:
+            value = cluster_resource_utilization(
+                _ratio(float(self.compute_s), float(self.allocated_s)),
+                _ratio(float(self.busy), float(self.capacity)),
+                float(self.wait_s),
+                float(self.step_s),
+                self.hybrid_devices,
+                self.standalone_devices,
+            )
+            return torch.tensor(value, dtype=f64)
+
+    class LastValueMetric(Metric):
+        """Last value observed (``dynamic_resource/mq_size``, seed §4.4): a snapshot, never an average.
+
+        Reduction across ranks: ``max``. The queue is one global object, so ranks that read it see the same size
+        (max = that value) and a rank that never updates holds the default 0, which cannot win over a real size
+        (sizes are >= 0): logging from rank 0 only still reports rank 0's value on every rank.
+
+        ``full_state_update = True``: ``forward()`` must not merge the batch value into the running state with the
+        ``max`` reduction (that would report the largest value of the cycle, not the last one).
+        """
+
+        is_differentiable = False
+        higher_is_better = None
+        full_state_update = True
+
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.add_state("value", default=_zero(), dist_reduce_fx="max")
+
+        def update(self, value: Any) -> None:
+            """Replace the stored value with ``value`` (>= 0)."""
+            v = float(value.item() if hasattr(value, "item") else value)
+            if not math.isfinite(v) or v < 0:
+                raise ValueError(f"LastValueMetric needs a finite value >= 0, got {value!r}")
+            self.value = torch.tensor(v, dtype=f64, device=self.value.device)
+
+        def compute(self) -> torch.Tensor:
+            return self.value.clone()
+
+    class CounterMetric(Metric):
+        """A counter (``fully_async/rollouter/step_generated_samples``, seed §4.5), summed across ranks.
+
+        ``update(n)`` adds ``n`` (default 1); ``reset()`` (Lightning calls it at the end of the logging period, or call
+        it at each ``reset_staleness``) starts from 0 again.
+        """
+
+        is_differentiable = False
+        higher_is_better = None
+        full_state_update = False
+
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.add_state("count", default=_zero(), dist_reduce_fx="sum")
+
+        def update(self, n: Any = 1) -> None:
+            """Add ``n`` (>= 0) to the count."""
+            self.count += _total(n, "n")
+
+        def compute(self) -> torch.Tensor:
+            return self.count.clone()
+
+    classes: dict[str, type] = {
+        "TrainResourceUtilization": TrainResourceUtilization,
+        "RolloutResourceUtilization": RolloutResourceUtilization,
+        "ClusterResourceUtilization": ClusterResourceUtilization,
+        "LastValueMetric": LastValueMetric,
+        "CounterMetric": CounterMetric,
+    }
+    for name, cls in classes.items():  # importable (and picklable) as lightning_hybrid_rollout.metrics.<name>
+        cls.__module__ = __name__
+        cls.__qualname__ = name
+    return classes
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TORCH_METRIC_NAMES:
+        classes = _build_torch_metrics()
+        globals().update(classes)
+        return classes[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_TORCH_METRIC_NAMES))
