@@ -392,6 +392,11 @@ class RolloutConfig(_ConfigBase):
     seed: int = 0
     """Seed of the engines' sampling (replica ``i`` uses ``seed + i``)."""
 
+    pin_trainer: bool = True
+    """CPU only: pin the trainer process to the hybrid replicas' cores (they take turns: the trainer trains while the
+    hybrid replica is parked, the replica generates while the trainer waits), leaving the other cores to the
+    standalone replicas."""
+
     def __post_init__(self) -> None:
         c = _Checker(self.SECTION)
         if not isinstance(self.model_path, str):

@@ -1,0 +1,571 @@
+"""HybridRolloutCallback: runs the rollout side with the fit and drives the scheduler at Lightning hook boundaries.
+
+Per sync cycle of ``trigger_parameter_sync_step`` optimizer steps (seed §1, "Policy Call Order")::
+
+    on_train_batch_start (first step of a cycle)
+        controller.before_step: should_deactivate -> deactivate_wait_samples -> wait -> remove -> abort -> sleep
+        strategy.onload_training_state (every rank)
+    training_step: the module pulls its batch from the queue (no prefetch: DESIGN §5)
+    on_train_batch_end (last step of a cycle)
+        full-weight gather -> weight sync to standalone replicas (always)
+        controller.after_sync: should_activate_after_step -> [offload -> wake -> hybrid sync -> add -> resume]
+                               -> request_rebalance + rebalance (if enabled) -> update_after_step
+        dynamic_resource/* metrics for the cycle
+
+Only global rank 0 owns Ray, the replicas, the rollouter and the controller; every rank takes part in the
+weight gather, the offload/onload and the batch broadcast, so ``devices > 1`` works.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
+
+from lightning_hybrid_rollout import metrics as M
+from lightning_hybrid_rollout.config import AsyncTrainingConfig, ConfigError, RolloutConfig, validate_run_config
+from lightning_hybrid_rollout.rollout.sample import Sample
+from lightning_hybrid_rollout.schedule import (
+    DynamicResourceController,
+    DynamicScheduleContext,
+    create_policy,
+)
+
+log = logging.getLogger(__name__)
+
+_STATE_VERSION = 1
+
+
+@dataclass
+class _CycleTimes:
+    """Wall-clock bookkeeping of one sync cycle (seed §4 inputs)."""
+
+    start_s: float = 0.0
+    compute_s: list[float] = field(default_factory=list)
+    wait_for_enough_samples_s: float = 0.0
+    step_wait_times: list[float] = field(default_factory=list)
+    step_wait_samples: list[int] = field(default_factory=list)
+    deactivated: bool = False
+
+
+class HybridRolloutCallback(Callback):
+    """Fully-async RL with hybrid rollout replicas on the trainer's devices.
+
+    Starts Ray, the standalone and hybrid vLLM replicas, the rollouter and the message queue with the fit, feeds the
+    module's ``training_step(self, dataloader_iter)`` from the queue, and drives the policy and the
+    :class:`~lightning_hybrid_rollout.schedule.DynamicResourceController` in the seed's per-step order.
+
+    Args:
+        rollout: Rollout side: model, replicas, sampling (see :class:`~lightning_hybrid_rollout.config.RolloutConfig`).
+        async_training: The seed's ``async_training`` section (policy, ratio, staleness, sync cadence, ...).
+        task: Name of a built-in task (``"arithmetic"``, ``"reverse"``, ...) providing prompts and the reward.
+        task_kwargs: Extra keyword arguments for the task's constructor.
+        build_model: If ``rollout.model_path`` does not exist yet, build a tiny local model there (CPU quickstart).
+        build_model_kwargs: Keyword arguments for :func:`~lightning_hybrid_rollout.tasks.tiny_model.build_tiny_model`.
+        format_warmup_steps: Supervised warm-up steps on the task's answer *shape* (random answers) applied when the
+            model is built, so a random-init model learns the format before RL (DESIGN §7). 0 disables it.
+        wait_timeout_s: Longest the trainer waits for samples before failing with a clear error.
+        trace: Write a Chrome trace-event file ``trace.json`` of replica states and trainer phases to the run dir.
+        run_dir: Where Ray temp files, the trace and replica logs go (default: ``trainer.default_root_dir``).
+
+    Example::
+
+        trainer = Trainer(max_steps=40, callbacks=[HybridRolloutCallback(RolloutConfig(model_path="tiny"))])
+    """
+
+    def __init__(
+        self,
+        rollout: RolloutConfig,
+        async_training: AsyncTrainingConfig | None = None,
+        task: str = "arithmetic",
+        task_kwargs: dict[str, Any] | None = None,
+        build_model: bool = False,
+        build_model_kwargs: dict[str, Any] | None = None,
+        format_warmup_steps: int = 0,
+        wait_timeout_s: float = 600.0,
+        trace: bool = True,
+        run_dir: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.rollout = rollout
+        self.async_training = async_training if async_training is not None else AsyncTrainingConfig()
+        validate_run_config(self.async_training, self.rollout)
+        if not self.rollout.model_path:
+            raise ConfigError(["rollout.model_path must be set: the directory of a Hugging Face causal LM"])
+        if format_warmup_steps < 0:
+            raise ConfigError([f"format_warmup_steps must be >= 0, got {format_warmup_steps}"])
+        self.task_name = task
+        self.task_kwargs = dict(task_kwargs or {})
+        self.build_model = build_model
+        self.build_model_kwargs = dict(build_model_kwargs or {})
+        self.format_warmup_steps = format_warmup_steps
+        self.wait_timeout_s = wait_timeout_s
+        self.trace = trace
+        self.run_dir = run_dir
+
+        a = self.async_training
+        self.policy = create_policy(
+            a.dynamic_schedule_policy, deactivate_ratio=a.dynamic_schedule_deactivate_ratio, only_hybrid=a.only_hybrid
+        )
+        # rank-0 runtime state
+        self._runtime: Any = None
+        self._controller: DynamicResourceController | None = None
+        self._tokenizer: Any = None
+        self._cycle = _CycleTimes()
+        self._cycle_weights: list[tuple[str, torch.Tensor]] | None = None
+        self._pending_state: dict[str, Any] | None = None
+        # checkpointed counters
+        self.param_version = 0
+        self.cycles_done = 0
+        self.samples_consumed = 0
+        self.hybrid_sync_skipped = 0
+        self.generated_offset = 0
+        self.switch_events: list[dict[str, Any]] = []
+        self.call_log: list[str] = []
+
+    # --------------------------------------------------------------------------------------------- properties
+
+    @property
+    def controller(self) -> DynamicResourceController | None:
+        """The controller (global rank 0 only; None elsewhere and before fit)."""
+        return self._controller
+
+    @property
+    def runtime(self) -> Any:
+        """The rollout runtime (global rank 0 only)."""
+        return self._runtime
+
+    @property
+    def state_key(self) -> str:
+        return "HybridRolloutCallback"
+
+    def _is_cycle_start(self, trainer: Trainer) -> bool:
+        return trainer.global_step % self.async_training.trigger_parameter_sync_step == 0
+
+    def _is_cycle_end(self, trainer: Trainer) -> bool:
+        return trainer.global_step % self.async_training.trigger_parameter_sync_step == 0
+
+    # ----------------------------------------------------------------------------------------------- lifecycle
+
+    @override
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        run_dir = Path(self.run_dir or trainer.default_root_dir)
+        self._run_dir = run_dir
+        if trainer.is_global_zero:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            self._prepare_model()
+        trainer.strategy.barrier("lhr_model_ready")
+        from transformers import AutoTokenizer
+
+        self._tokenizer = AutoTokenizer.from_pretrained(self.rollout.model_path)
+        datamodule = getattr(trainer, "datamodule", None)
+        if datamodule is None or not hasattr(datamodule, "attach_source"):
+            raise ConfigError(
+                [
+                    "HybridRolloutCallback needs a data module with attach_source(fn), e.g. "
+                    "lightning_hybrid_rollout.lightning.data.RolloutDataModule: pass datamodule=RolloutDataModule() "
+                    "to trainer.fit"
+                ]
+            )
+        datamodule.attach_source(self._next_batch)
+        if hasattr(datamodule, "pad_token_id") and self._tokenizer.pad_token_id is not None:
+            datamodule.pad_token_id = self._tokenizer.pad_token_id
+        if trainer.is_global_zero:
+            self._start_runtime(trainer)
+
+    def _prepare_model(self) -> None:
+        path = Path(self.rollout.model_path)
+        if (path / "config.json").exists():
+            return
+        if not self.build_model:
+            raise ConfigError(
+                [
+                    f"rollout.model_path {str(path)!r} holds no model (no config.json): point it at a Hugging Face "
+                    "causal LM directory, or set build_model: true to build the tiny CPU model there"
+                ]
+            )
+        from lightning_hybrid_rollout.tasks import get_task
+        from lightning_hybrid_rollout.tasks.tiny_model import build_tiny_model
+
+        rank_zero_info(f"[lhr] building a tiny model at {path}")
+        build_tiny_model(path, **self.build_model_kwargs)
+        if self.format_warmup_steps > 0:
+            self._format_warmup(path, get_task(self.task_name, **self.task_kwargs))
+
+    def _format_warmup(self, path: Path, task: Any) -> None:
+        """Supervised warm-up on the answer *shape* (random answers), saved back to ``path`` (DESIGN §7)."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from lightning_hybrid_rollout.lightning.module import format_warmup
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        prompts = [p.prompt for p in task.sample_prompts(512, seed=self.rollout.seed + 12345)]
+        t0 = time.monotonic()
+        losses = format_warmup(model, tokenizer, prompts, steps=self.format_warmup_steps, seed=self.rollout.seed)
+        model.save_pretrained(path, safe_serialization=True)
+        rank_zero_info(
+            f"[lhr] format warm-up: {self.format_warmup_steps} steps in {time.monotonic() - t0:.1f}s, "
+            f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+        )
+
+    def _start_runtime(self, trainer: Trainer) -> None:
+        from lightning_hybrid_rollout.lightning.runtime import RolloutRuntime
+        from lightning_hybrid_rollout.tasks import get_task
+
+        task = get_task(self.task_name, **self.task_kwargs)
+        self._runtime = RolloutRuntime(
+            rollout=self.rollout,
+            async_training=self.async_training,
+            task=task,
+            tokenizer=self._tokenizer,
+            run_dir=self._run_dir,
+            trace=self.trace,
+            before_wake=lambda: self._broadcast_offload(trainer),
+            weights=lambda: self._cycle_weights or [],
+            weight_version=lambda: self.param_version,
+        )
+        self._runtime.start()
+        self._controller = DynamicResourceController(
+            self._runtime.pool,
+            self.policy,
+            clock=time.monotonic,
+            enable_rebalance=self.async_training.dynamic_schedule_enable_rebalance,
+            has_hybrid=self.rollout.hybrid_replicas > 0,
+        )
+
+    @override
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        resumed = self._pending_state is not None
+        pl_module.param_version = self.param_version
+        # Engines loaded the model from disk (version 0). On resume, push the restored weights first.
+        if resumed:
+            self._gather_weights(trainer)
+        if trainer.is_global_zero:
+            if resumed:
+                self._apply_loaded_state()
+                self._runtime.push_standalone(self._cycle_weights, self.param_version)
+            self._runtime.rollouter.update_weight_version(self.param_version)
+            self._runtime.start_generation()
+            self._cycle = _CycleTimes(start_s=time.monotonic())
+            if resumed:
+                self._restore_pool_state(trainer)
+            else:
+                # Initial activation decision (step 0: update_after_step is a no-op there).
+                self._after_sync(trainer, global_steps=0)
+        else:
+            self._follow_offload(trainer)
+        self._pending_state = None
+        self._cycle_weights = None
+
+    @override
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._shutdown()
+
+    @override
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._shutdown()
+
+    @override
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self._runtime is not None:
+            runtime, self._runtime = self._runtime, None
+            runtime.stop()
+
+    # --------------------------------------------------------------------------------------------- per step
+
+    @override
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        pl_module.param_version = self.param_version
+        if self._is_cycle_start(trainer):
+            if trainer.is_global_zero:
+                self._before_step(trainer)
+            trainer.strategy.barrier("lhr_deactivated")
+            self._onload(trainer)
+        self._step_start = time.monotonic()
+        self._step_fetch_s = 0.0
+
+    def _before_step(self, trainer: Trainer) -> None:
+        assert self._controller is not None
+        ctx = self._context()
+        self._cycle = _CycleTimes(start_s=time.monotonic())
+        wait = {"s": 0.0}
+
+        def wait_for_samples(n: int) -> None:
+            t0 = time.monotonic()
+            self._wait_queue(n)
+            wait["s"] = time.monotonic() - t0
+            self.call_log.append("deactivate_wait_samples")
+
+        self.call_log.append("should_deactivate")
+        res = self._controller.before_step(self.cycles_done + 1, ctx, wait_for_samples)
+        self._cycle.wait_for_enough_samples_s = wait["s"] if res.deactivated else 0.0
+        self._cycle.deactivated = res.deactivated
+        if res.deactivated:
+            self.call_log.append("deactivate")
+            self._record_switch("deactivate", res.deactivate_duration_s)
+            rank_zero_info(
+                f"[lhr] cycle {self.cycles_done + 1}: hybrid replicas deactivated after waiting "
+                f"{wait['s']:.2f}s for {res.wait_samples} samples (switch {res.deactivate_duration_s:.3f}s)"
+            )
+            self._runtime.trace_event("trainer", "wait_for_enough_samples", self._cycle.start_s, wait["s"])
+
+    def _wait_queue(self, n: int) -> None:
+        rt = self._runtime
+        deadline = time.monotonic() + self.wait_timeout_s
+        while not rt.queue.wait_until(n, timeout=1.0):
+            rt.check_health()
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"waited {self.wait_timeout_s:.0f}s for {n} samples, the queue holds {rt.queue.size()}: the "
+                    "rollout replicas produce too slowly or have stalled (raise wait_timeout_s or check replica logs "
+                    f"under {self._run_dir})"
+                )
+
+    def _next_batch(self) -> list[Sample]:
+        """Source of the module's batches (global rank 0): ``required_samples`` samples from the queue."""
+        rt = self._runtime
+        n = self.async_training.required_samples
+        t0 = time.monotonic()
+        queue_before = rt.queue.size()
+        self._wait_queue(n)
+        samples = rt.queue.get_batch(n, timeout=self.wait_timeout_s)
+        waited = time.monotonic() - t0
+        self._step_fetch_s = waited
+        self._cycle.step_wait_times.append(waited)
+        self._cycle.step_wait_samples.append(max(0, n - queue_before))
+        self.samples_consumed += len(samples)
+        return samples
+
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step_s = time.monotonic() - self._step_start
+        if trainer.is_global_zero:
+            self._cycle.compute_s.append(max(0.0, step_s - self._step_fetch_s))
+            self._log(pl_module, "rollout/mq_size_step", float(self._runtime.queue.size()), prog_bar=False)
+        if not self._is_cycle_end(trainer):
+            return
+        # ---- weight sync to standalone (always), then the activation decision
+        t0 = time.monotonic()
+        self._gather_weights(trainer)
+        self.param_version += 1
+        pl_module.param_version = self.param_version
+        sync_s = 0.0
+        if trainer.is_global_zero:
+            sync_s = self._runtime.push_standalone(self._cycle_weights, self.param_version)
+            self.call_log.append("sync_standalone")
+            stats = self._runtime.rollouter.reset_staleness()
+            self._runtime.rollouter.update_weight_version(self.param_version)
+            self.cycles_done += 1
+            end = self._after_sync(trainer, global_steps=self.cycles_done)
+            self._log_cycle(trainer, pl_module, stats, sync_s, end, time.monotonic() - t0)
+        else:
+            self.cycles_done += 1
+            self._follow_offload(trainer)
+        self._cycle_weights = None
+
+    def _after_sync(self, trainer: Trainer, global_steps: int) -> Any:
+        assert self._controller is not None
+        ctx = self._context()
+        self.call_log.append("should_activate_after_step")
+        self._offload_broadcast_done = False
+        end = self._controller.after_sync(global_steps, ctx)
+        if not self._offload_broadcast_done:
+            self._broadcast(trainer, "stay")
+        if end.activated:
+            self.call_log.append("activate")
+            self._record_switch("activate", end.activate_duration_s)
+            rank_zero_info(f"[lhr] cycle {global_steps}: hybrid replicas activated ({end.activate_duration_s:.3f}s)")
+        if end.rebalanced:
+            self.call_log.append("request_rebalance")
+        if not self._controller.is_hybrid_active and self.rollout.hybrid_replicas > 0:
+            self.hybrid_sync_skipped += 1
+        self.call_log.append("update_after_step")
+        return end
+
+    # ------------------------------------------------------------------------------- offload / onload / weights
+
+    def _broadcast(self, trainer: Trainer, msg: str) -> str:
+        if trainer.world_size <= 1:
+            return msg
+        return trainer.strategy.broadcast(msg, src=0)
+
+    def _broadcast_offload(self, trainer: Trainer) -> None:
+        """Called by the pool right before the hybrid engines wake (rank 0): every rank offloads first."""
+        self._offload_broadcast_done = True
+        self._broadcast(trainer, "offload")
+        self._offload(trainer)
+
+    def _follow_offload(self, trainer: Trainer) -> None:
+        """Non-zero ranks: mirror rank 0's offload decision for this cycle."""
+        if self._broadcast(trainer, "") == "offload":
+            self._offload(trainer)
+
+    def _offload(self, trainer: Trainer) -> None:
+        strategy = trainer.strategy
+        if hasattr(strategy, "offload_training_state") and not getattr(strategy, "is_offloaded", False):
+            seconds = strategy.offload_training_state()
+            self._last_offload_s = seconds
+            self.call_log.append("offload")
+
+    def _onload(self, trainer: Trainer) -> None:
+        strategy = trainer.strategy
+        if hasattr(strategy, "onload_training_state") and getattr(strategy, "is_offloaded", False):
+            seconds = strategy.onload_training_state()
+            self._last_onload_s = seconds
+            self.call_log.append("onload")
+
+    def _gather_weights(self, trainer: Trainer) -> None:
+        """Full, unsharded weights of the policy model on rank 0 (collective: every rank calls it)."""
+        strategy = trainer.strategy
+        items: list[tuple[str, torch.Tensor]] = []
+        if hasattr(strategy, "iter_full_weights"):
+            for bucket in strategy.iter_full_weights(bucket_bytes=64 * 1024**2):
+                items.extend(bucket)
+        else:
+            model = getattr(trainer.lightning_module, "policy_model", trainer.lightning_module)
+            items = [(k, v.detach().to("cpu")) for k, v in model.state_dict().items()]
+        self._cycle_weights = items if trainer.is_global_zero else None
+
+    # ------------------------------------------------------------------------------------------------- context
+
+    def _context(self) -> DynamicScheduleContext:
+        a = self.async_training
+        rt = self._runtime
+        return DynamicScheduleContext(
+            required_samples=a.required_samples,
+            trigger_parameter_sync_step=a.trigger_parameter_sync_step,
+            total_generated_samples=self.generated_offset + rt.rollouter.counters()["total_generated_samples"],
+            expected_samples=self.samples_consumed,
+            buffer_samples=a.buffer_samples,
+            step_wait_times=list(self._cycle.step_wait_times),
+            step_wait_samples=list(self._cycle.step_wait_samples),
+            only_hybrid=a.only_hybrid,
+        )
+
+    def _record_switch(self, kind: str, duration_s: float) -> None:
+        self.switch_events.append({"kind": kind, "cycle": self.cycles_done, "duration_s": duration_s})
+
+    # ------------------------------------------------------------------------------------------------- metrics
+
+    def _log(self, pl_module: LightningModule, name: str, value: float, prog_bar: bool = False) -> None:
+        pl_module.log(
+            name, float(value), on_step=True, on_epoch=False, rank_zero_only=True, prog_bar=prog_bar, batch_size=1
+        )
+
+    def _log_cycle(
+        self, trainer: Trainer, pl_module: LightningModule, stats: Any, sync_s: float, end: Any, boundary_s: float
+    ) -> None:
+        now = time.monotonic()
+        c = self._cycle
+        allocated_s = now - c.start_s
+        compute_s = sum(c.compute_s)
+        history = list(getattr(stats, "history", []) or [])
+        u_train = M.train_resource_utilization(compute_s, allocated_s)
+        u_rollout = M.rollout_resource_utilization(history)
+        wait_s = c.wait_for_enough_samples_s if c.deactivated else 0.0
+        u_cluster = M.cluster_resource_utilization(
+            u_train,
+            u_rollout,
+            wait_s,
+            allocated_s,
+            self._hybrid_devices(trainer),
+            self.rollout.standalone_replicas * self.rollout.cpus_per_replica,
+        )
+        values = {
+            M.TRAIN_RESOURCE_UTILIZATION: u_train,
+            M.ROLLOUT_RESOURCE_UTILIZATION: u_rollout,
+            M.RESOURCE_UTILIZATION: u_cluster,
+            M.TRAIN_COMPUTE_TIME_S: compute_s,
+            M.TRAIN_ALLOCATED_TIME_S: allocated_s,
+            M.MQ_SIZE: float(self._runtime.queue.size()),
+            M.STEP_GENERATED_SAMPLES: float(getattr(stats, "step_generated_samples", 0)),
+            M.ACTIVATE_DURATION_S: end.cycle_activate_duration_s,
+            M.DEACTIVATE_DURATION_S: end.cycle_deactivate_duration_s,
+            M.WEIGHT_SYNC_TIME_S: sync_s,
+            M.HYBRID_SYNC_SKIPPED: float(self.hybrid_sync_skipped),
+            M.HYBRID_ACTIVE: float(self._controller.is_hybrid_active) if self._controller else 0.0,
+            "dynamic_resource/deactivate_ratio": float(self.policy.deactivate_ratio),
+            "dynamic_resource/param_version": float(self.param_version),
+            "dynamic_resource/offload_s": float(getattr(self, "_last_offload_s", 0.0)),
+            "dynamic_resource/onload_s": float(getattr(self, "_last_onload_s", 0.0)),
+        }
+        for name, value in values.items():
+            self._log(pl_module, name, value, prog_bar=name in (M.MQ_SIZE, M.HYBRID_ACTIVE))
+        self._runtime.trace_counter("mq_size", now, values[M.MQ_SIZE])
+        self._cycle = _CycleTimes(start_s=now)
+
+    def _hybrid_devices(self, trainer: Trainer) -> int:
+        return trainer.world_size if self.rollout.hybrid_replicas > 0 else 0
+
+    # ---------------------------------------------------------------------------------------------- checkpoint
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "version": _STATE_VERSION,
+            "param_version": self.param_version,
+            "cycles_done": self.cycles_done,
+            "samples_consumed": self.samples_consumed,
+            "hybrid_sync_skipped": self.hybrid_sync_skipped,
+            "switch_events": list(self.switch_events),
+            "policy": self.policy.state_dict(),
+        }
+        if self._controller is not None:
+            state["controller"] = self._controller.state_dict()
+        if self._runtime is not None:
+            state["generated_samples"] = self.generated_offset + self._runtime.rollouter.counters().get(
+                "total_generated_samples", 0
+            )
+            state["buffered_samples"] = self._runtime.queue.state_dict()
+        return state
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.param_version = int(state_dict["param_version"])
+        self.cycles_done = int(state_dict["cycles_done"])
+        self.samples_consumed = int(state_dict["samples_consumed"])
+        self.hybrid_sync_skipped = int(state_dict.get("hybrid_sync_skipped", 0))
+        self.switch_events = list(state_dict.get("switch_events", []))
+        self.policy.load_state_dict(state_dict["policy"])
+        self._pending_state = dict(state_dict)
+
+    def _apply_loaded_state(self) -> None:
+        state = self._pending_state or {}
+        if self._controller is not None and "controller" in state:
+            self._controller.load_state_dict(state["controller"])
+        generated = int(state.get("generated_samples", self.samples_consumed))
+        if "buffered_samples" in state:
+            self._runtime.queue.load_state_dict(state["buffered_samples"])
+        # Samples in flight at save time are regenerated (their prompts are re-drawn); buffered ones are restored.
+        self.generated_offset = generated - 0
+        rank_zero_info(
+            f"[lhr] resumed at param version {self.param_version}, cycle {self.cycles_done}, "
+            f"{self._runtime.queue.size()} buffered samples restored, ratio {self.policy.deactivate_ratio:.3f}"
+        )
+
+    def _restore_pool_state(self, trainer: Trainer) -> None:
+        """Fresh replicas start parked: bring the pool to the restored controller state without re-deciding."""
+        assert self._controller is not None
+        self._offload_broadcast_done = False
+        if self._controller.is_hybrid_active:
+            pool = self._runtime.pool
+            for method in ("wake_up_replicas", "sync_weights", "add_replicas", "resume_generation_replicas"):
+                getattr(pool, method)()
+        if not self._offload_broadcast_done:
+            self._broadcast(trainer, "stay")

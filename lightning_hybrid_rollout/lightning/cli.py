@@ -1,0 +1,80 @@
+"""The ``lhr`` console script: a LightningCLI for hybrid-rollout RL, plus ``simulate`` and ``report``.
+
+Usage::
+
+    lhr fit --config examples/quickstart_cpu.yaml
+    lhr validate --config examples/quickstart_cpu.yaml
+    lhr simulate --preset seed [--json] [--plot DIR]
+    lhr report RUN_DIR
+
+``fit``/``validate`` are Lightning's own subcommands: the model, the data module, the strategy and the
+``HybridRolloutCallback`` are all configurable by ``class_path`` in one YAML file.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lightning.pytorch.cli import LightningCLI
+
+_SIM_COMMANDS = ("simulate", "report")
+
+
+def cli_main(args: Sequence[str], run: bool = True) -> LightningCLI:
+    """Build (and by default run) the ``lhr`` LightningCLI on ``args``.
+
+    Args:
+        args: Command-line arguments (``["fit", "--config", "x.yaml"]``; without a subcommand when ``run=False``).
+        run: Run the subcommand; ``False`` only parses and instantiates (used to validate a config).
+    """
+    from lightning.pytorch.cli import LightningCLI
+
+    import lightning_hybrid_rollout.lightning  # noqa: F401  (registers the hybrid strategies)
+    from lightning_hybrid_rollout.lightning.data import RolloutDataModule
+    from lightning_hybrid_rollout.lightning.module import GRPOModule
+
+    class HybridRolloutCLI(LightningCLI):
+        """LightningCLI with the GRPO module and the rollout-fed data module as defaults."""
+
+    return HybridRolloutCLI(
+        model_class=GRPOModule,
+        datamodule_class=RolloutDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        args=list(args),
+        save_config_kwargs={"overwrite": True},
+        auto_configure_optimizers=False,
+        run=run,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``lhr`` console script."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args and args[0] in _SIM_COMMANDS:
+        from lightning_hybrid_rollout.sim import cli as sim_cli
+
+        if args[0] == "simulate":
+            sim_cli.simulate_main(args[1:])
+        else:
+            sim_cli.report_main(args[1:])
+        return
+    from lightning_hybrid_rollout.config import ConfigError
+    from lightning_hybrid_rollout.lightning.config_check import config_paths, precheck_config_file
+
+    try:
+        for path in config_paths(args):
+            precheck_config_file(path)
+        cli_main(args)
+    except ConfigError as err:
+        print(f"lhr: invalid configuration: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

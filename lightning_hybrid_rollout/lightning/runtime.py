@@ -1,0 +1,370 @@
+"""RolloutRuntime: the rollout side of one run (Ray, replicas, queue, rollouter) and the hybrid ReplicaPool.
+
+Lives on global rank 0 of the trainer. The callback owns one; the controller drives its :attr:`pool`.
+CPU placement (DESIGN §6): hybrid replica ``i`` is pinned to core ``i`` (the trainer's cores: the trainer is idle
+while a hybrid replica generates, and the replica is parked while the trainer trains); standalone replicas are
+pinned to the remaining cores, from the last one down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from lightning_hybrid_rollout.config import AsyncTrainingConfig, RolloutConfig
+from lightning_hybrid_rollout.rollout.engine import SamplingSpec
+from lightning_hybrid_rollout.rollout.message_queue import MessageQueue
+from lightning_hybrid_rollout.rollout.sample import Sample
+from lightning_hybrid_rollout.tasks.base import Task
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def _cpu_cores() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def plan_cpu_placement(
+    standalone: int, hybrid: int, cpus_per_replica: int, cores: Sequence[int] | None = None
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Cores for each standalone and each hybrid replica on a CPU machine.
+
+    Hybrid replicas take the trainer's cores from the front, standalone replicas the others from the back; when
+    there are too few cores they wrap around (and share).
+
+    Args:
+        standalone: Number of standalone replicas.
+        hybrid: Number of hybrid replicas.
+        cpus_per_replica: Cores per replica.
+        cores: Available cores (default: this process's affinity).
+
+    Returns:
+        ``(standalone_cores, hybrid_cores)``.
+
+    Example::
+
+        >>> plan_cpu_placement(1, 1, 1, cores=[0, 1])
+        ([[1]], [[0]])
+    """
+    avail = list(cores) if cores is not None else _cpu_cores()
+    n = len(avail)
+    hybrid_cores = [[avail[(i * cpus_per_replica + k) % n] for k in range(cpus_per_replica)] for i in range(hybrid)]
+    standalone_cores = [
+        [avail[(n - 1 - (j * cpus_per_replica + k)) % n] for k in range(cpus_per_replica)] for j in range(standalone)
+    ]
+    return standalone_cores, hybrid_cores
+
+
+class _LoopThread:
+    """A private asyncio loop in a daemon thread, for the runtime's control calls to Ray actors."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="lhr-runtime", daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+
+
+class HybridReplicaPool:
+    """The controller's :class:`~lightning_hybrid_rollout.schedule.ReplicaPool` over the real hybrid replicas.
+
+    Every method tolerates being asked to undo what was never done (the controller's rollback relies on it).
+
+    Args:
+        runtime: The owning runtime.
+    """
+
+    def __init__(self, runtime: RolloutRuntime) -> None:
+        self._rt = runtime
+        self.registered = False
+        self.awake = False
+        self.calls: list[str] = []
+
+    @property
+    def replicas(self) -> list[Any]:
+        return self._rt.hybrid
+
+    @property
+    def ids(self) -> list[str]:
+        return [r.replica_id for r in self._rt.hybrid]
+
+    def _all(self, make: Callable[[Any], Coroutine[Any, Any, Any]]) -> list[Any]:
+        async def run() -> list[Any]:
+            return list(await asyncio.gather(*(make(r) for r in self.replicas)))
+
+        return self._rt.loop.run(run())
+
+    def wake_up_replicas(self) -> None:
+        self.calls.append("wake_up_replicas")
+        self._rt.before_wake()
+        t0 = time.monotonic()
+        self._all(lambda r: r.wake_up())
+        self.awake = True
+        self._rt.trace_span_all(self.ids, "waking", t0, time.monotonic())
+
+    def sync_weights(self) -> None:
+        self.calls.append("sync_weights")
+        t0 = time.monotonic()
+        self._rt.push(self._rt.weights(), self.replicas, self._rt.weight_version())
+        self._rt.trace_span_all(self.ids, "syncing", t0, time.monotonic())
+
+    def add_replicas(self) -> None:
+        self.calls.append("add_replicas")
+        self._rt.rollouter.add_replicas(self.replicas, paused=True)
+        self.registered = True
+        self._active_since = time.monotonic()
+
+    def resume_generation_replicas(self) -> None:
+        self.calls.append("resume_generation_replicas")
+        self._rt.rollouter.resume_generation_replicas(self.ids)
+
+    def remove_replicas(self) -> None:
+        self.calls.append("remove_replicas")
+        if self.registered:
+            self._rt.rollouter.remove_replicas(self.ids)
+            self._rt.trace_span_all(self.ids, "active", getattr(self, "_active_since", time.monotonic()), None)
+
+    def abort_replicas(self) -> None:
+        self.calls.append("abort_replicas")
+        if self.registered:
+            self._rt.rollouter.abort_replicas(self.ids)
+
+    def sleep_replicas(self) -> None:
+        self.calls.append("sleep_replicas")
+        self._all(lambda r: r.sleep())
+        self.awake = False
+
+    def rebalance_requests(self) -> None:
+        self.calls.append("rebalance_requests")
+        self._rt.rollouter.rebalance_requests()
+
+
+class RolloutRuntime:
+    """Ray + standalone/hybrid vLLM replicas + message queue + rollouter for one training run.
+
+    Args:
+        rollout: Rollout configuration.
+        async_training: Async-training configuration (queue bound, staleness, partial rollout).
+        task: The task: prompts and reward.
+        tokenizer: The model's tokenizer (Hugging Face).
+        run_dir: Run directory (vLLM temp files, the trace).
+        trace: Write ``trace.json`` (Chrome trace events) to ``run_dir``.
+        before_wake: Called right before hybrid engines wake (the trainer offloads its state there).
+        weights: Returns the trainer's current full weights, ``[(name, tensor), ...]``.
+        weight_version: Returns the current parameter version.
+    """
+
+    def __init__(
+        self,
+        rollout: RolloutConfig,
+        async_training: AsyncTrainingConfig,
+        task: Task,
+        tokenizer: Any,
+        run_dir: str | os.PathLike[str],
+        trace: bool = True,
+        before_wake: Callable[[], None] = lambda: None,
+        weights: Callable[[], list[tuple[str, Any]]] = list,
+        weight_version: Callable[[], int] = lambda: 0,
+    ) -> None:
+        self.rollout = rollout
+        self.async_training = async_training
+        self.task = task
+        self.tokenizer = tokenizer
+        self.run_dir = Path(run_dir)
+        self.before_wake = before_wake
+        self.weights = weights
+        self.weight_version = weight_version
+        self.queue = MessageQueue(maxsize=async_training.max_required_samples)
+        self.standalone: list[Any] = []
+        self.hybrid: list[Any] = []
+        self.pool = HybridReplicaPool(self)
+        self.rollouter: Any = None
+        self.ray: Any = None
+        self.loop: _LoopThread = _LoopThread()
+        self.last_sync_report: Any = None
+        self._trace: Any = None
+        if trace:
+            try:
+                from lightning_hybrid_rollout.trace import TraceWriter
+
+                self._trace = TraceWriter(self.run_dir / "trace.json")
+            except ImportError:  # pragma: no cover - trace module optional
+                self._trace = None
+        self._t0 = time.monotonic()
+
+    # ----------------------------------------------------------------------------------------------- lifecycle
+
+    def _engine_config(self) -> Any:
+        from lightning_hybrid_rollout.rollout.vllm_engine import VLLMEngineConfig
+
+        r = self.rollout
+        return VLLMEngineConfig(
+            model=str(r.model_path),
+            dtype=r.dtype,
+            max_model_len=r.prompt_length + r.response_length + 8,
+            kv_cache_memory_bytes=r.kv_cache_memory_bytes,
+            enforce_eager=r.enforce_eager,
+            seed=r.seed,
+            max_num_seqs=max(r.concurrent_samples_per_replica, 1),
+            run_dir=str(self.run_dir / "vllm"),
+        )
+
+    def start(self) -> RolloutRuntime:
+        """Start Ray and the replicas (hybrid ones parked), build the rollouter (not yet generating)."""
+        from lightning_hybrid_rollout.rollout.ray_runtime import RayRuntime
+        from lightning_hybrid_rollout.rollout.replica import ReplicaSpec
+        from lightning_hybrid_rollout.rollout.rollouter import Rollouter
+
+        r = self.rollout
+        t0 = time.monotonic()
+        self.ray = RayRuntime(address=r.ray_address).start()
+        engine = self._engine_config()
+        s_cores, h_cores = plan_cpu_placement(r.standalone_replicas, r.hybrid_replicas, r.cpus_per_replica)
+        specs = [
+            ReplicaSpec(
+                replica_id=f"standalone-{j}",
+                role="standalone",
+                engine=engine,
+                cpus=r.cpus_per_replica,
+                cpu_ids=s_cores[j],
+                index=j,
+                gpus=r.gpus_per_replica,
+            )
+            for j in range(r.standalone_replicas)
+        ] + [
+            ReplicaSpec(
+                replica_id=f"hybrid-{i}",
+                role="hybrid",
+                engine=engine,
+                cpus=r.cpus_per_replica,
+                cpu_ids=h_cores[i],
+                index=i,
+                gpus=r.gpus_per_replica,
+            )
+            for i in range(r.hybrid_replicas)
+        ]
+        if r.gpus_per_replica == 0 and r.pin_trainer:
+            trainer_cores = sorted({c for cores in h_cores for c in cores}) or None
+            if trainer_cores:
+                os.sched_setaffinity(0, trainer_cores)
+                import torch
+
+                torch.set_num_threads(len(trainer_cores))
+                log.info("trainer pinned to cores %s (shared with the hybrid replicas)", trainer_cores)
+        handles = self.ray.start_replicas(specs)
+        self.standalone = [h for h in handles if h.role == "standalone"]
+        self.hybrid = [h for h in handles if h.role == "hybrid"]
+        if self.hybrid:
+            self.pool._all(lambda h: h.sleep())  # hybrid replicas start parked, outside the load balancer
+        log.info(
+            "rollout runtime up in %.1fs: %d standalone (cores %s), %d hybrid (cores %s)",
+            time.monotonic() - t0,
+            len(self.standalone),
+            s_cores,
+            len(self.hybrid),
+            h_cores,
+        )
+        a = self.async_training
+        self.rollouter = Rollouter(
+            self._prompt_stream(),
+            self.tokenizer.encode,
+            self._reward,
+            self.queue,
+            sampling=SamplingSpec(max_tokens=r.response_length, temperature=r.temperature, top_p=r.top_p),
+            replicas=self.standalone,
+            n_samples_per_prompt=r.n,
+            max_required_samples=a.max_required_samples,
+            concurrent_samples_per_replica=r.concurrent_samples_per_replica,
+            partial_rollout=a.partial_rollout,
+        )
+        return self
+
+    def start_generation(self) -> None:
+        """Start producing samples (the rollouter's loop thread)."""
+        if not self.rollouter.is_running:
+            self.rollouter.start()
+
+    def stop(self) -> None:
+        """Stop the rollouter, the replicas and Ray (no leftover processes), and close the trace."""
+        try:
+            if self.rollouter is not None and self.rollouter.is_running:
+                self.rollouter.stop()
+        finally:
+            try:
+                if self.ray is not None:
+                    self.ray.shutdown()
+            finally:
+                self.loop.close()
+                if self._trace is not None:
+                    self._trace.close()
+
+    def check_health(self) -> None:
+        """Raise the rollouter's error, if it failed."""
+        err = self.rollouter.error if self.rollouter is not None else None
+        if err is not None:
+            raise RuntimeError(f"the rollouter stopped with an error: {err}") from err
+
+    # ------------------------------------------------------------------------------------------------ data
+
+    def _prompt_stream(self) -> Iterator[dict[str, Any]]:
+        for p in self.task.prompts(seed=self.rollout.seed):
+            yield {"prompt": p.prompt, **p.metadata}
+
+    def _reward(self, sample: Sample) -> float:
+        text = self.tokenizer.decode(sample.response_token_ids, skip_special_tokens=False)
+        return float(self.task.reward(text, sample.metadata))
+
+    # --------------------------------------------------------------------------------------------- weights
+
+    def push(self, weights: list[tuple[str, Any]], replicas: Sequence[Any], version: int) -> float:
+        """Push full weights to ``replicas`` (checksum-verified); returns seconds."""
+        from lightning_hybrid_rollout.rollout.weight_sync import push_weights
+
+        if not replicas or not weights:
+            return 0.0
+        t0 = time.monotonic()
+        self.last_sync_report = push_weights(weights, list(replicas), version, loop=self.loop.loop)
+        return time.monotonic() - t0
+
+    def push_standalone(self, weights: list[tuple[str, Any]] | None, version: int) -> float:
+        """Weight sync to every standalone replica (always, each parameter version)."""
+        t0 = time.monotonic()
+        seconds = self.push(weights or [], self.standalone, version)
+        self.trace_span_all([r.replica_id for r in self.standalone], "syncing", t0, time.monotonic())
+        return seconds
+
+    # ----------------------------------------------------------------------------------------------- trace
+
+    def _ts(self, t: float) -> float:
+        return t - self._t0
+
+    def trace_span_all(self, tracks: Sequence[str], name: str, start: float, end: float | None) -> None:
+        if self._trace is None:
+            return
+        end = time.monotonic() if end is None else end
+        for track in tracks:
+            self._trace.span(track, name, self._ts(start), self._ts(end), {})
+
+    def trace_event(self, track: str, name: str, start: float, duration: float) -> None:
+        if self._trace is not None:
+            self._trace.span(track, name, self._ts(start), self._ts(start + duration), {})
+
+    def trace_counter(self, name: str, t: float, value: float) -> None:
+        if self._trace is not None:
+            self._trace.counter(name, self._ts(t), value)
