@@ -1,0 +1,1 @@
+from lightning_hybrid_rollout.lightning import strategies  # noqa: F401  (registers the hybrid_* strategies)

@@ -435,7 +435,7 @@ class HybridRolloutCallback(Callback):
         strategy = trainer.strategy
         items: list[tuple[str, torch.Tensor]] = []
         if hasattr(strategy, "iter_full_weights"):
-            for bucket in strategy.iter_full_weights(bucket_bytes=64 * 1024**2):
+            for bucket in strategy.iter_full_weights(bucket_bytes=64 * 1024**2, rank_zero_only=True):
                 items.extend(bucket)
         else:
             model = getattr(trainer.lightning_module, "policy_model", trainer.lightning_module)

@@ -59,11 +59,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args and args[0] in _SIM_COMMANDS:
         from lightning_hybrid_rollout.sim import cli as sim_cli
 
-        if args[0] == "simulate":
-            sim_cli.simulate_main(args[1:])
-        else:
-            sim_cli.report_main(args[1:])
-        return
+        main_fn = sim_cli.simulate_main if args[0] == "simulate" else sim_cli.report_main
+        raise SystemExit(main_fn(args[1:]))
     from lightning_hybrid_rollout.config import ConfigError
     from lightning_hybrid_rollout.lightning.config_check import config_paths, precheck_config_file
 

@@ -22,6 +22,7 @@ class SamplingSpec:
         top_p: Nucleus sampling mass.
         seed: Optional per-request seed (deterministic sampling in tests).
         stop_token_ids: Extra stop tokens beyond the tokenizer's end token.
+        ignore_eos: Keep generating past the end token (fixed-length generation for benchmarks and tests).
     """
 
     max_tokens: int
@@ -29,6 +30,7 @@ class SamplingSpec:
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
 
 
 @dataclass

@@ -54,6 +54,7 @@ from lightning_hybrid_rollout.schedule.controller import (
 )
 from lightning_hybrid_rollout.schedule.default_policy import ActivationEstimate, DefaultDynamicSchedulePolicy
 from lightning_hybrid_rollout.schedule.fixed_ratio_policy import FixedRatioDynamicSchedulePolicy
+from lightning_hybrid_rollout.schedule.rate_matched_policy import RateMatchedDynamicSchedulePolicy, RateScheduleContext
 from lightning_hybrid_rollout.schedule.static_fully_async_policy import StaticFullyAsyncPolicy
 
 __all__ = [
@@ -65,6 +66,8 @@ __all__ = [
     "DynamicScheduleContext",
     "DynamicSchedulePolicyBase",
     "FixedRatioDynamicSchedulePolicy",
+    "RateMatchedDynamicSchedulePolicy",
+    "RateScheduleContext",
     "ReplicaPool",
     "ReplicaPoolError",
     "StaticFullyAsyncPolicy",

@@ -1,0 +1,167 @@
+"""Weight-sync bandwidth: trainer → 2 vLLM-on-CPU replicas (Ray object store + shared-memory staging), vs memcpy.
+
+Builds a random Llama of about 85 MB of float32 (hidden 512, 5 layers; ``--hidden/--layers`` to change), starts a
+private Ray with two replicas (one pinned core each), and pushes the full weights ``--repeats`` times with
+:func:`push_weights_async` (every push is verified: each replica's checksum must equal the trainer's).
+
+How it counts:
+
+- **achieved GB/s** = serialized bytes of the full weights × number of replicas / wall seconds of the whole push
+  (trainer-side bucketing + hashing + ``ray.put``, fan-out, each replica copying into its staging file, vLLM's
+  in-place reload, the worker's hashing and read-back, all replicas done). Median over the timed pushes (the first
+  push, which also sizes the staging files, is reported separately).
+- **memcpy GB/s** = the same tensors copied once, in this process, two ways: ``torch.clone`` of every tensor (a fresh
+  destination, as a receiver needs) and ``Tensor.copy_`` into preallocated warm tensors (raw memory bandwidth).
+  Best of several runs each.
+
+The LAST line is ``ratio: X.XX`` = achieved / clone memcpy GB/s (target >= 0.5); the line before it gives the
+ratio against warm ``copy_`` too.
+
+Usage::
+
+    python benchmarks/weight_sync.py [--hidden 512 --layers 5 --repeats 5 --bucket-mb 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def memcpy_gbps(tensors: list[Any], runs: int = 5) -> tuple[float, float]:
+    """(clone GB/s, warm copy_ GB/s) for copying ``tensors`` once; best of ``runs``."""
+    import torch
+
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    best_clone = best_copy = float("inf")
+    dst = [torch.empty_like(t) for t in tensors]
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        out = [t.clone() for t in tensors]
+        best_clone = min(best_clone, time.perf_counter() - t0)
+        del out
+        t0 = time.perf_counter()
+        for d, t in zip(dst, tensors):
+            d.copy_(t)
+        best_copy = min(best_copy, time.perf_counter() - t0)
+    return nbytes / best_clone / 1e9, nbytes / best_copy / 1e9
+
+
+async def bench(args: argparse.Namespace, model_dir: Path, rt: Any) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lightning_hybrid_rollout.rollout.engine import SamplingSpec
+    from lightning_hybrid_rollout.rollout.replica import ReplicaSpec
+    from lightning_hybrid_rollout.rollout.vllm_engine import VLLMEngineConfig
+    from lightning_hybrid_rollout.rollout.weight_sync import checksum_state, push_weights_async
+
+    cfg = VLLMEngineConfig(
+        model=str(model_dir), kv_cache_memory_bytes=64 * 2**20, max_model_len=256, run_dir=str(args.out / "run")
+    )
+    t0 = time.perf_counter()
+    replicas = await rt.start_replicas_async(
+        [ReplicaSpec(f"r{i}", "standalone", cfg, index=i) for i in range(args.replicas)]
+    )
+    print(
+        f"replicas up in {time.perf_counter() - t0:.1f} s: "
+        + ", ".join(
+            f"{r.replica_id} cores {r.info['cores']} engine start {r.info['timings'].get('engine_start_s', 0):.1f} s"
+            for r in replicas
+        )
+    )
+
+    # generation speed (for the record): 64 concurrent fixed-length requests per replica, after a warm-up
+    spec = SamplingSpec(max_tokens=64, temperature=1.0, ignore_eos=True)
+    for rnd in range(2):
+        t0 = time.perf_counter()
+        res = await asyncio.gather(
+            *(
+                r.generate(f"gen-{rnd}-{r.replica_id}-{i}", [1, 5 + i % 10, 14], spec)
+                for r in replicas
+                for i in range(64)
+            )
+        )
+        dt = time.perf_counter() - t0
+    ntok = sum(len(x.token_ids) for x in res)
+    print(f"generation: {ntok} tokens in {dt:.2f} s = {ntok / dt:.0f} tok/s over {len(replicas)} replicas")
+
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    named = [(k, v.detach().contiguous()) for k, v in hf.state_dict().items()]
+    nbytes = sum(t.numel() * t.element_size() for _, t in named)
+    t0 = time.perf_counter()
+    expected = checksum_state(named)
+    hash_s = time.perf_counter() - t0
+    clone_gbps, copy_gbps = memcpy_gbps([t for _, t in named])
+    print(f"weights: {len(named)} tensors, {nbytes / 1e6:.1f} MB; trainer-side checksum {hash_s * 1e3:.0f} ms")
+
+    reports = []
+    for i in range(args.repeats + 1):
+        with torch.no_grad():
+            for _, t in named:
+                t.mul_(1.0001)  # new weights every push
+        rep = await push_weights_async(named, replicas, version=i + 1, bucket_bytes=args.bucket_mb * 2**20)
+        reports.append(rep)
+        assert set(rep.replica_checksums.values()) == {rep.checksum} != {expected}
+        info = [(await r.health())["last_update"] for r in replicas]
+        print(
+            f"push {i + 1}{' (first: sizes staging)' if i == 0 else ''}: {rep.seconds * 1e3:.0f} ms, "
+            f"{rep.gb_per_s:.2f} GB/s, {rep.num_buckets} buckets; trainer prepare {rep.prepare_seconds * 1e3:.0f} ms; "
+            + "; ".join(
+                f"{rid} {s * 1e3:.0f} ms (engine load {u.get('load_s', 0) * 1e3:.0f} ms, hash "
+                f"{u.get('hash_s', 0) * 1e3:.0f} ms)"
+                for (rid, s), u in zip(rep.per_replica_seconds.items(), info)
+            )
+        )
+    timed = reports[1:]
+    secs = statistics.median(r.seconds for r in timed)
+    achieved = nbytes * len(replicas) / secs / 1e9
+    wire = timed[0].bytes
+    print(
+        f"bytes per replica {wire / 1e6:.1f} MB (tensor data {nbytes / 1e6:.1f} MB), replicas {len(replicas)}, "
+        f"median push {secs * 1e3:.0f} ms (best {min(r.seconds for r in timed) * 1e3:.0f} ms)"
+    )
+    print(f"achieved: {achieved:.2f} GB/s (= tensor bytes x replicas / median push seconds)")
+    print(f"memcpy:   {clone_gbps:.2f} GB/s torch.clone, {copy_gbps:.2f} GB/s warm copy_ (same tensors, best of 5)")
+    print(f"ratio vs warm copy_: {achieved / copy_gbps:.2f}")
+    print(f"ratio: {achieved / clone_gbps:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=5)
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--bucket-mb", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "lhr-bench-weight-sync")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+
+    from lightning_hybrid_rollout.rollout.ray_runtime import RayRuntime
+    from lightning_hybrid_rollout.tasks.tiny_model import build_tiny_model
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    model_dir = build_tiny_model(
+        args.out / f"llama-h{args.hidden}-l{args.layers}", hidden=args.hidden, layers=args.layers
+    )
+    print(f"model ready in {time.perf_counter() - t0:.1f} s at {model_dir}")
+    rt = RayRuntime(num_cpus=max(2, len(os.sched_getaffinity(0))), object_store_memory=768 * 2**20)
+    rt.start()
+    print(f"ray up in {rt.init_seconds:.1f} s")
+    try:
+        asyncio.run(bench(args, model_dir, rt))
+    finally:
+        rt.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,375 @@
+"""A rollout replica = one :class:`~.vllm_engine.VLLMEngine` in a Ray actor, plus its driver-side handle.
+
+``ReplicaActor`` (an async Ray actor) hosts the engine; on CPU it pins itself (every thread, so the engine-core
+process it spawns inherits the mask) to an explicit core list and asks Ray for that many CPUs; on GPU it is placed
+with a placement group bundle (written for CUDA machines, not testable on CPU).
+
+:class:`ReplicaHandle` is what the load balancer, rollouter and controller hold: async methods mirroring the
+:class:`~lightning_hybrid_rollout.rollout.engine.RolloutEngine` protocol, translating a dead actor into
+:class:`ReplicaDeadError` (its name is what ``load_balancer.is_replica_dead_error`` matches).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from lightning_hybrid_rollout.rollout.engine import GenerationResult, SamplingSpec
+from lightning_hybrid_rollout.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
+
+logger = logging.getLogger(__name__)
+
+ReplicaRole = Literal["standalone", "hybrid"]
+ReplicaState = Literal["starting", "active", "parked", "syncing", "stopped", "dead"]
+
+
+class ReplicaDeadError(RuntimeError):
+    """The replica's actor (and so its engine) is gone; route elsewhere and retry.
+
+    Args:
+        replica_id: The dead replica.
+        cause: What Ray reported.
+    """
+
+    def __init__(self, replica_id: str, cause: BaseException | str | None = None) -> None:
+        self.replica_id = replica_id
+        detail = f": {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}" if cause else ""
+        super().__init__(f"replica {replica_id} is dead (its Ray actor exited){detail}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ReplicaDeadError, (self.replica_id, None))
+
+
+def round_robin_cores(index: int, cpus_per_replica: int, available: Sequence[int] | None = None) -> list[int]:
+    """Cores for replica ``index`` when none are given: consecutive blocks of the available cores, wrapping.
+
+    Args:
+        index: Replica position (0, 1, ...).
+        cpus_per_replica: Cores each replica gets.
+        available: Core ids to pick from (default: this process's affinity).
+    """
+    cores = sorted(available if available is not None else os.sched_getaffinity(0))
+    if not cores:
+        raise RuntimeError("no CPU cores available for pinning")
+    return sorted({cores[(index * cpus_per_replica + k) % len(cores)] for k in range(cpus_per_replica)})
+
+
+def pin_process(cores: Sequence[int]) -> list[int]:
+    """Pin every thread of this process (and so every child it starts later) to ``cores``; returns the mask."""
+    mask = set(cores)
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # thread exited meanwhile
+            os.sched_setaffinity(int(tid), mask)
+    os.sched_setaffinity(0, mask)
+    return sorted(os.sched_getaffinity(0))
+
+
+def _process_tree_cpu_seconds(pid: int) -> dict[str, float]:
+    import psutil
+
+    out: dict[str, float] = {}
+    root = psutil.Process(pid)
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            out[f"{p.pid}:{p.name()}"] = t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+@dataclass
+class ReplicaSpec:
+    """How to start one replica.
+
+    Args:
+        replica_id: Unique name (also the Ray actor name, prefixed ``lhr-replica-``).
+        role: ``"standalone"`` (always generating) or ``"hybrid"`` (on the trainer's devices, woken on demand).
+        engine: Engine settings.
+        cpus: Ray CPUs (= cores pinned to on CPU).
+        cpu_ids: Explicit cores to pin to (CPU only; default: round robin by ``index``).
+        index: Position used for round-robin pinning.
+        gpus: Ray GPUs (``tensor_parallel_size`` on a dedicated GPU; a fraction to share the trainer's GPU).
+        placement_group: Ray placement group to schedule into (GPU path).
+        bundle_index: Bundle of ``placement_group``.
+        env: Extra environment variables for the actor.
+        weight_version: Version of the weights the engine starts with.
+        pin: Pin to ``cpu_ids`` (CPU only).
+    """
+
+    replica_id: str
+    role: ReplicaRole
+    engine: VLLMEngineConfig
+    cpus: int = 1
+    cpu_ids: list[int] | None = None
+    index: int = 0
+    gpus: float = 0.0
+    placement_group: Any = None
+    bundle_index: int = -1
+    env: dict[str, str] = field(default_factory=dict)
+    weight_version: int = 0
+    pin: bool = True
+
+    def actor_env(self) -> dict[str, str]:
+        """Environment of the actor process (inherited by the engine core it spawns)."""
+        env = dict(self.engine.process_env())
+        env["OMP_NUM_THREADS"] = str(max(1, self.cpus))
+        env["RAY_DEDUP_LOGS"] = "0"
+        if self.engine.run_dir:
+            env["VLLM_CACHE_ROOT"] = os.path.join(self.engine.run_dir, "vllm-cache")
+        env.update(self.env)
+        return env
+
+
+class ReplicaActor:
+    """The Ray actor body (decorated at launch time by :meth:`ReplicaHandle.launch`)."""
+
+    def __init__(self, spec_dict: dict[str, Any], engine_cfg: dict[str, Any]) -> None:
+        self.replica_id: str = spec_dict["replica_id"]
+        self.role: ReplicaRole = spec_dict["role"]
+        self.cores: list[int] = []
+        cfg = VLLMEngineConfig(**engine_cfg)
+        if cfg.run_dir:
+            cfg.run_dir = os.path.join(cfg.run_dir, self.replica_id)
+        if spec_dict.get("pin", True) and not cfg.on_cuda and hasattr(os, "sched_setaffinity"):
+            cores = spec_dict.get("cpu_ids") or round_robin_cores(spec_dict.get("index", 0), spec_dict.get("cpus", 1))
+            self.cores = pin_process(cores)
+        self.engine = VLLMEngine(cfg, self.replica_id, spec_dict.get("weight_version", 0))
+
+    async def start(self) -> dict[str, Any]:
+        """Start the engine (blocking part in a thread); returns :meth:`health`."""
+        if self.engine.llm is None:
+            await asyncio.to_thread(self.engine.start)
+            await self.engine.post_start()
+        return await self.health()
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec) -> GenerationResult:
+        return await self.engine.generate(request_id, prompt_token_ids, sampling)
+
+    async def abort(self, request_ids: list[str]) -> None:
+        await self.engine.abort(request_ids)
+
+    async def sleep(self) -> float:
+        return await self.engine.sleep()
+
+    async def wake_up(self) -> float:
+        return await self.engine.wake_up()
+
+    async def update_weights(self, buckets: Any, version: int) -> str:
+        """Load full weights: ``buckets`` is a blob, a bucket, or a list of them / of ObjectRefs to them."""
+        import ray
+
+        items = list(buckets) if isinstance(buckets, list | tuple) else [buckets]
+        resolved = []
+        for it in items:  # zero-copy views of the shared-memory objects
+            resolved.append(await it if isinstance(it, ray.ObjectRef) else it)
+        return await self.engine.update_weights(resolved, version)
+
+    async def weights_checksum(self) -> str:
+        return await self.engine.weights_checksum()
+
+    async def begin_weight_update(self, version: int, total_bytes: int = 0) -> None:
+        await self.engine.begin_weight_update(version, total_bytes)
+
+    async def load_weight_ipc(self, blob: bytes) -> dict[str, Any]:
+        return await self.engine.load_weight_ipc(blob)
+
+    async def init_nccl_group(self, host: str, port: int, rank: int, world_size: int) -> bool:
+        return await self.engine.init_nccl_group(host, port, rank, world_size)
+
+    async def load_weight_nccl(self, meta: dict[str, Any]) -> dict[str, Any]:
+        return await self.engine.load_weight_nccl(meta)
+
+    async def finish_weight_update(self) -> str:
+        return await self.engine.finish_weight_update()
+
+    async def health(self) -> dict[str, Any]:
+        h = await self.engine.health()
+        h.update(role=self.role, cores=self.cores, node_id=_node_id())
+        return h
+
+    async def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds used so far by this actor's process and its children (the engine core), per process."""
+        return _process_tree_cpu_seconds(os.getpid())
+
+    async def shutdown(self) -> None:
+        await self.engine.shutdown()
+
+
+def _node_id() -> str:
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+    except Exception:  # not in Ray
+        return ""
+
+
+class ReplicaHandle:
+    """Driver-side async handle of one replica actor.
+
+    Args:
+        actor: The Ray actor handle.
+        spec: How it was started.
+    """
+
+    def __init__(self, actor: Any, spec: ReplicaSpec) -> None:
+        self.actor = actor
+        self.spec = spec
+        self.replica_id = spec.replica_id
+        self.role: ReplicaRole = spec.role
+        self.info: dict[str, Any] = {}
+        self._dead: BaseException | None = None
+        self._start_ref: Any = None
+        self.launch_seconds = 0.0
+        self._t_launch = time.perf_counter()
+
+    def __repr__(self) -> str:
+        return f"ReplicaHandle({self.replica_id!r}, role={self.role!r}, alive={self.is_alive})"
+
+    # ---- launch ---------------------------------------------------------------------------------------------------
+    @classmethod
+    def launch(cls, spec: ReplicaSpec, namespace_prefix: str = "lhr-replica-") -> ReplicaHandle:
+        """Create the actor and start its engine in the background; await :meth:`wait_ready` before use."""
+        import ray
+
+        remote_cls = ray.remote(ReplicaActor)
+        opts: dict[str, Any] = {
+            "name": f"{namespace_prefix}{spec.replica_id}",
+            "num_cpus": spec.cpus,
+            "num_gpus": spec.gpus,
+            "max_concurrency": 4096,
+            "max_restarts": 0,
+            "runtime_env": {"env_vars": spec.actor_env()},
+        }
+        if spec.placement_group is not None:
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                placement_group=spec.placement_group,
+                placement_group_bundle_index=spec.bundle_index,
+                placement_group_capture_child_tasks=True,
+            )
+        spec_dict = {k: v for k, v in asdict(spec).items() if k not in ("engine", "placement_group", "env")}
+        actor = remote_cls.options(**opts).remote(spec_dict, asdict(spec.engine))
+        h = cls(actor, spec)
+        h._start_ref = actor.start.remote()
+        return h
+
+    async def wait_ready(self, timeout: float | None = 600.0) -> dict[str, Any]:
+        """Wait until the engine is up; returns its health dict."""
+        if self._start_ref is None:
+            return self.info
+        try:
+            self.info = await asyncio.wait_for(self._call_ref(self._start_ref), timeout)
+        except TimeoutError as e:
+            raise TimeoutError(
+                f"replica {self.replica_id} did not start within {timeout} s (engine start is ~5-30 s on CPU; "
+                f"is Ray short of CPUs for num_cpus={self.spec.cpus}?)"
+            ) from e
+        self._start_ref = None
+        self.launch_seconds = time.perf_counter() - self._t_launch
+        return self.info
+
+    @classmethod
+    async def start_many(cls, specs: Sequence[ReplicaSpec], timeout: float | None = 600.0) -> list[ReplicaHandle]:
+        """Launch several replicas in parallel and wait for all; on failure the started ones are killed."""
+        handles = [cls.launch(s) for s in specs]
+        results = await asyncio.gather(*(h.wait_ready(timeout) for h in handles), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            for h in handles:
+                h.kill()
+            raise errors[0]
+        return handles
+
+    # ---- calls ----------------------------------------------------------------------------------------------------
+    @property
+    def is_alive(self) -> bool:
+        """False once a call found the actor dead (or after :meth:`kill`)."""
+        return self._dead is None
+
+    async def _call_ref(self, ref: Any) -> Any:
+        import ray
+
+        if self._dead is not None:
+            raise ReplicaDeadError(self.replica_id, self._dead)
+        try:
+            return await ref
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
+            self._dead = e
+            raise ReplicaDeadError(self.replica_id, e) from e
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        if self._dead is not None:
+            raise ReplicaDeadError(self.replica_id, self._dead)
+        return await self._call_ref(getattr(self.actor, method).remote(*args))
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec) -> GenerationResult:
+        """See :meth:`VLLMEngine.generate`."""
+        return await self._call("generate", request_id, list(prompt_token_ids), sampling)
+
+    async def abort(self, request_ids: list[str]) -> None:
+        """See :meth:`VLLMEngine.abort`."""
+        await self._call("abort", list(request_ids))
+
+    async def sleep(self) -> float:
+        """Park (CPU) / sleep (GPU); returns the engine-side seconds."""
+        return await self._call("sleep")
+
+    async def wake_up(self) -> float:
+        """Undo :meth:`sleep`; returns the engine-side seconds."""
+        return await self._call("wake_up")
+
+    async def update_weights(self, ref_or_blob: Any, version: int) -> str:
+        """Load full weights (a safetensors blob, a ``WeightBucket``, an ObjectRef, or a list of those).
+
+        Returns:
+            The checksum computed by the engine's worker over what it loaded (compare with ``checksum_state``).
+        """
+        return await self._call("update_weights", ref_or_blob, version)
+
+    async def weights_checksum(self) -> str:
+        """See :meth:`VLLMEngine.weights_checksum`."""
+        return await self._call("weights_checksum")
+
+    async def call(self, method: str, *args: Any) -> Any:
+        """Call any other actor method (the GPU weight transports: ``begin_weight_update``, ``load_weight_ipc``,
+        ``init_nccl_group``, ``load_weight_nccl``, ``finish_weight_update``), with the same dead-actor handling."""
+        return await self._call(method, *args)
+
+    async def health(self) -> dict[str, Any]:
+        """Engine state, weight version, in-flight count, pids, pinned cores, node."""
+        h = await self._call("health")
+        self.info = h
+        return h
+
+    async def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds of the actor process and its children so far (``"pid:name" -> seconds``)."""
+        return await self._call("cpu_seconds")
+
+    async def shutdown(self, timeout: float = 20.0) -> None:
+        """Stop the engine gracefully, then kill the actor."""
+        if self._dead is None:
+            try:
+                await asyncio.wait_for(self._call("shutdown"), timeout)
+            except (ReplicaDeadError, TimeoutError):
+                pass
+            except Exception as e:  # a failing engine shutdown must not stop the kill
+                logger.warning("replica %s: engine shutdown failed: %r", self.replica_id, e)
+        self.kill()
+
+    def kill(self) -> None:
+        """Kill the actor immediately (its engine core dies with it; see ``RayRuntime``)."""
+        import ray
+
+        if self._dead is None:
+            self._dead = RuntimeError("killed by the driver")
+        with contextlib.suppress(Exception):  # already gone
+            ray.kill(self.actor, no_restart=True)

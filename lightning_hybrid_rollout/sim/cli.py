@@ -1,0 +1,250 @@
+"""``lhr simulate`` and ``lhr report``: the simulator and the trace renderer on the command line.
+
+``lhr simulate [SCENARIO.yaml | --preset NAME] [--json] [--plot DIR] [--runs a,b] [--steps N] [--seed N]``
+simulates every run of a scenario; ``--json`` prints exactly one JSON object::
+
+    {"scenario": str, "balance_bound_s": float,
+     "runs": [{"name", "policy", "train_devices", "rollout_devices", "hybrid", "time_s", "efficiency",
+               "resource_utilization", "breakdown_s": {bucket: seconds}}]}
+
+without it a table; ``--plot DIR`` writes each run's trace (``trace_<run>.json``) and the PNGs of
+:mod:`lightning_hybrid_rollout.plots` (timelines, ``mq_size.png``, ``utilization.png``, ``breakdown.png``).
+``--list-presets`` lists the presets, ``--dump-preset NAME`` prints one as YAML (a starting point for your own).
+
+``lhr report RUN_DIR [--out DIR] [--window START END]`` renders a real run's trace (``RUN_DIR/trace.json``, or every
+``trace*.json`` there) into the same PNGs (default output: ``RUN_DIR/plots``). Per-step metrics come from the trace's
+``step_metrics`` events or, if it has none, from ``RUN_DIR/metrics.jsonl`` (one JSON object per line with a
+``"step"`` key and ``dynamic_resource/*`` keys).
+
+Example::
+
+    from lightning_hybrid_rollout.sim.cli import simulate_main
+
+    simulate_main(["--preset", "seed", "--json"])
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from lightning_hybrid_rollout.sim.presets import get_preset, preset_names
+from lightning_hybrid_rollout.sim.runner import BREAKDOWN_HELP, BREAKDOWN_KEYS, ScenarioResult, simulate
+from lightning_hybrid_rollout.sim.scenario import Scenario, ScenarioError
+from lightning_hybrid_rollout.sim.world import SimulationError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["report_main", "simulate_main"]
+
+
+def _simulate_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="lhr simulate",
+        description="Simulate runs of a scenario (device split x policy x sequencing) on a virtual clock with the "
+        "real controller and policies; report time, efficiency against the balance bound and where the time went.",
+    )
+    p.add_argument("scenario", nargs="?", help="scenario YAML file (or use --preset)")
+    p.add_argument("--preset", help=f"a built-in scenario: {', '.join(preset_names())}")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--plot", metavar="DIR", help="write traces and PNGs into DIR")
+    p.add_argument("--runs", help="comma-separated run names to simulate (default: all)")
+    p.add_argument("--steps", type=int, help="override the scenario's number of param versions")
+    p.add_argument("--seed", type=int, help="override the scenario's random seed")
+    p.add_argument("--list-presets", action="store_true", help="list the presets and exit")
+    p.add_argument("--dump-preset", metavar="NAME", help="print a preset as YAML and exit")
+    return p
+
+
+def _load(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Scenario:
+    if bool(args.scenario) == bool(args.preset):
+        parser.error("give a scenario YAML file or --preset NAME (exactly one)")
+    try:
+        sc = get_preset(args.preset) if args.preset else Scenario.from_yaml(args.scenario)
+    except KeyError as err:
+        parser.error(str(err.args[0]))
+    except (ScenarioError, OSError) as err:
+        parser.error(str(err))
+    changes = {}
+    if args.steps is not None:
+        changes["steps"] = args.steps
+    if args.seed is not None:
+        changes["seed"] = args.seed
+    if changes:
+        try:
+            sc = Scenario.from_dict({**sc.to_dict(), **changes})
+        except ScenarioError as err:
+            parser.error(str(err))
+    return sc
+
+
+def _print_table(result: ScenarioResult) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(Console().width, 140))
+    table = Table(title=f"scenario {result.scenario}: balance bound {result.balance_bound_s / 3600:.2f} h")
+    for col in ("run", "policy", "train+rollout", "hybrid", "time (h)", "efficiency", "utilization", "faster than 1st"):
+        table.add_column(col, justify="left" if col in ("run", "policy") else "right")
+    first = result.runs[0].time_s
+    for r in result.runs:
+        table.add_row(
+            r.name,
+            r.policy or "-",
+            f"{r.train_devices}+{r.rollout_devices}",
+            "yes" if r.hybrid else "no",
+            f"{r.time_s / 3600:.2f}",
+            f"{r.efficiency:.3f}",
+            f"{r.resource_utilization:.3f}",
+            f"{(1 - r.time_s / first) * 100:+.1f}%",
+        )
+    console.print(table)
+    keys = [k for k in BREAKDOWN_KEYS if any(r.breakdown_s.get(k, 0) > 0 for r in result.runs)]
+    bt = Table(title="where the time went (% of each run's time)")
+    bt.add_column("run", no_wrap=True)
+    for k in keys:
+        bt.add_column(k.replace("_", " "), justify="right")
+    for r in result.runs:
+        bt.add_row(r.name, *(f"{100 * r.breakdown_s.get(k, 0.0) / r.time_s:.1f}" for k in keys))
+    console.print(bt)
+    for k in keys:
+        console.print(f"  [bold]{k}[/bold]: {BREAKDOWN_HELP[k]}", highlight=False)
+
+
+def simulate_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``lhr simulate`` (see the module docstring). Returns the exit status.
+
+    Args:
+        argv: Arguments after ``simulate`` (default: ``sys.argv[1:]``).
+    """
+    parser = _simulate_parser()
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.list_presets:
+        for name in preset_names():
+            print(f"{name}: {get_preset(name).description}")
+        return 0
+    if args.dump_preset:
+        import yaml
+
+        try:
+            print(yaml.safe_dump(get_preset(args.dump_preset).to_dict(), sort_keys=False), end="")
+        except KeyError as err:
+            parser.error(str(err.args[0]))
+        return 0
+    sc = _load(args, parser)
+    runs = [r.strip() for r in args.runs.split(",") if r.strip()] if args.runs else None
+    try:
+        result = simulate(sc, runs=runs, trace_dir=args.plot)
+    except KeyError as err:
+        parser.error(str(err.args[0]))
+    except SimulationError as err:
+        print(f"lhr simulate: {err}", file=sys.stderr)
+        return 1
+    if args.plot:
+        paths = _plot_result(result, Path(args.plot))
+        for p in paths:
+            logger.info("wrote %s", p)
+    if args.json:
+        print(json.dumps(result.to_json()))
+    else:
+        _print_table(result)
+        if args.plot:
+            print(f"plots and traces written to {args.plot}")
+    return 0
+
+
+def _plot_result(result: ScenarioResult, out: Path) -> list[Path]:
+    from lightning_hybrid_rollout.plots import plot_breakdown, render_traces
+    from lightning_hybrid_rollout.trace import load_trace
+
+    traces = {r.name: load_trace(r.trace_path) for r in result.runs if r.trace_path}
+    paths = render_traces(traces, out)
+    paths.append(
+        plot_breakdown({r.name: r.breakdown_s for r in result.runs}, out / "breakdown.png", result.balance_bound_s)
+    )
+    return paths
+
+
+# ------------------------------------------------------------------------------------------------------ report
+
+
+def _report_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="lhr report",
+        description="Render a run's trace (RUN_DIR/trace.json) into the PNGs of `lhr simulate --plot`.",
+    )
+    p.add_argument("run_dir", help="the run folder holding trace.json (and optionally metrics.jsonl)")
+    p.add_argument("--out", help="output folder (default: RUN_DIR/plots)")
+    p.add_argument("--window", nargs=2, type=float, metavar=("START_S", "END_S"), help="timeline window in seconds")
+    p.add_argument("--cycles", type=int, default=3, help="sync cycles in the automatic timeline window (default 3)")
+    return p
+
+
+def _merge_metrics_jsonl(trace: object, path: Path) -> int:
+    from lightning_hybrid_rollout.trace import StepMetrics
+
+    n = 0
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{i + 1}: not JSON: {err}") from err
+        if not isinstance(row, dict) or "step" not in row:
+            raise ValueError(f"{path}:{i + 1}: each line must be a JSON object with a 'step' key")
+        metrics = {
+            k: float(v)
+            for k, v in row.items()
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        trace.steps.append(StepMetrics(int(row["step"]), float(row.get("t", 0.0)), metrics))  # type: ignore[attr-defined]
+        n += 1
+    trace.steps.sort(key=lambda s: s.step)  # type: ignore[attr-defined]
+    return n
+
+
+def report_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``lhr report RUN_DIR`` (see the module docstring). Returns the exit status.
+
+    Args:
+        argv: Arguments after ``report`` (default: ``sys.argv[1:]``).
+    """
+    from lightning_hybrid_rollout.plots import render_traces
+    from lightning_hybrid_rollout.trace import load_trace
+
+    parser = _report_parser()
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        parser.error(f"RUN_DIR {run_dir} is not a folder")
+    files = [run_dir / "trace.json"] if (run_dir / "trace.json").is_file() else sorted(run_dir.glob("trace*.json"))
+    if not files:
+        parser.error(f"no trace.json (or trace*.json) in {run_dir}; run training with the trace enabled first")
+    traces = {}
+    for f in files:
+        try:
+            trace = load_trace(f)
+        except ValueError as err:
+            print(f"lhr report: {err}", file=sys.stderr)
+            return 1
+        name = str(trace.metadata.get("run") or (run_dir.name if f.name == "trace.json" else f.stem))
+        traces[name] = trace
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        for trace in traces.values():
+            if not trace.steps:
+                try:
+                    _merge_metrics_jsonl(trace, metrics)
+                except ValueError as err:
+                    print(f"lhr report: {err}", file=sys.stderr)
+                    return 1
+    out = Path(args.out) if args.out else run_dir / "plots"
+    paths = render_traces(traces, out, window=tuple(args.window) if args.window else None, cycles=args.cycles)
+    for p in paths:
+        print(p)
+    return 0

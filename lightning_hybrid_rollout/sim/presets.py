@@ -1,0 +1,144 @@
+"""Named scenarios (``lhr simulate --preset NAME``). See docs/simulator.md for where each number comes from."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+from lightning_hybrid_rollout.sim.scenario import Scenario
+
+__all__ = ["PRESETS", "get_preset", "preset_names"]
+
+
+def _seed() -> dict:
+    return {
+        "name": "seed",
+        "description": "seed §5: 32 devices, static 16+16 and 8+24 vs dynamic 16+16 with hybrid replicas",
+        "steps": 40,
+        "required_samples": 128,
+        "trigger_parameter_sync_step": 4,
+        "staleness_threshold": 0.5,
+        "concurrent_samples_per_replica": 16,
+        "seed": 0,
+        "lengths": {
+            "mean_tokens": 8000,
+            "sigma": 0.6,
+            "max_tokens": 20480,
+            "drift_per_step": 0.0065,
+            "prompt_tokens": 512,
+        },
+        "replica": {"devices": 4, "tokens_per_s": 40.0, "batch_slowdown": 0.03, "kv_cache_tokens": 120000},
+        "hybrid_replica": {"devices": 4, "tokens_per_s": 40.0, "batch_slowdown": 0.03, "kv_cache_tokens": 56000},
+        "trainer": {"device_s_per_token": 0.0042},
+        "switch": {"standalone_sync_s": 20.0, "hybrid_sync_s": 10.0, "wake_s": 12.0, "sleep_s": 10.0},
+        "runs": [
+            {"name": "static_16_16", "train_devices": 16, "rollout_devices": 16},
+            {"name": "static_8_24", "train_devices": 8, "rollout_devices": 24},
+            {
+                "name": "dynamic_default",
+                "train_devices": 16,
+                "rollout_devices": 16,
+                "hybrid": True,
+                "policy": "default",
+                "policy_kwargs": {"deactivate_ratio": 0.3},
+            },
+            {
+                "name": "dynamic_rate_matched",
+                "train_devices": 16,
+                "rollout_devices": 16,
+                "hybrid": True,
+                "policy": "rate_matched",
+            },
+            {
+                "name": "dynamic_rate_matched_overlap",
+                "train_devices": 16,
+                "rollout_devices": 16,
+                "hybrid": True,
+                "policy": "rate_matched",
+                "sequencing": "overlap_sync",
+            },
+            {
+                "name": "dynamic_default_overlap",
+                "train_devices": 16,
+                "rollout_devices": 16,
+                "hybrid": True,
+                "policy": "default",
+                "sequencing": "overlap_sync",
+            },
+        ],
+    }
+
+
+def _dynamic_runs(train: int, rollout: int) -> list[dict]:
+    base = {"train_devices": train, "rollout_devices": rollout, "hybrid": True}
+    return [
+        {"name": "dynamic_default", **base, "policy": "default", "policy_kwargs": {"deactivate_ratio": 0.3}},
+        {"name": "dynamic_rate_matched", **base, "policy": "rate_matched"},
+        {"name": "dynamic_rate_matched_overlap", **base, "policy": "rate_matched", "sequencing": "overlap_sync"},
+    ]
+
+
+def _drifting() -> dict:
+    sc = _seed()
+    sc.update(
+        name="drifting",
+        description="the common RL length curve on a rollout-heavy split (24 trainer + 8 rollout devices): long "
+        "rambling responses first, concise ones mid-run (4x shorter), then growing again as reasoning deepens; "
+        "short responses batch well, long ones are KV-cache bound, so the need for hybrid help moves a lot",
+        concurrent_samples_per_replica=32,
+        lengths={
+            "mean_tokens": 6000,
+            "sigma": 0.6,
+            "max_tokens": 20480,
+            "prompt_tokens": 512,
+            "mean_schedule": [[0, 1.5], [20, 0.4], [40, 1.0]],
+        },
+        replica={"devices": 4, "tokens_per_s": 40.0, "batch_slowdown": 0.03, "kv_cache_tokens": 80000},
+        hybrid_replica={"devices": 4, "tokens_per_s": 40.0, "batch_slowdown": 0.03, "kv_cache_tokens": 40000},
+        runs=[{"name": "static_24_8", "train_devices": 24, "rollout_devices": 8}, *_dynamic_runs(24, 8)],
+    )
+    return sc
+
+
+def _rollout_bound() -> dict:
+    sc = _seed()
+    sc.update(
+        name="rollout_bound",
+        description="24 trainer devices + 8 rollout devices: standalone replicas alone produce a third of what the "
+        "trainer consumes, so hybrid replicas must generate in every cycle",
+        runs=[{"name": "static_24_8", "train_devices": 24, "rollout_devices": 8}, *_dynamic_runs(24, 8)],
+    )
+    return sc
+
+
+def _standalone_sufficient() -> dict:
+    sc = _seed()
+    sc.update(
+        name="standalone_sufficient",
+        description="8 trainer devices + 24 rollout devices on the seed workload: standalone replicas outproduce "
+        "the trainer, hybrid help is never worth a switch (the seed's step 3)",
+        runs=[{"name": "static_8_24", "train_devices": 8, "rollout_devices": 24}, *_dynamic_runs(8, 24)],
+    )
+    return sc
+
+
+PRESETS: dict[str, Callable[[], dict]] = {
+    "seed": _seed,
+    "rollout_bound": _rollout_bound,
+    "drifting": _drifting,
+    "standalone_sufficient": _standalone_sufficient,
+}
+
+
+def preset_names() -> list[str]:
+    """The preset names."""
+    return sorted(PRESETS)
+
+
+def get_preset(name: str) -> Scenario:
+    """A fresh :class:`Scenario` for preset ``name``."""
+    try:
+        factory = PRESETS[name]
+    except KeyError:
+        raise KeyError(f"unknown preset {name!r}; presets: {', '.join(preset_names())}") from None
+    return Scenario.from_dict(copy.deepcopy(factory()))

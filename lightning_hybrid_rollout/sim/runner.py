@@ -1,0 +1,716 @@
+"""The trainer side of the simulator: runs the REAL controller and policies against a simulated replica pool.
+
+Per run, on the virtual clock of a :class:`~lightning_hybrid_rollout.sim.world.RolloutWorld` (DESIGN §1, seed §1,
+``docs/architecture.md`` "Per training step")::
+
+    t = 0: rollouter starts (standalone replicas serving); with hybrid replicas: controller.after_sync(0, ctx)
+           (the policy decides whether hybrid replicas help fill the queue for the first cycle)
+    for each param version v = 0 .. steps-1, for each of the trigger_parameter_sync_step micro fit-steps:
+        controller.before_step(v, ctx, wait_for_samples)   # should_deactivate -> wait -> remove, abort, sleep
+        wait until the queue holds required_samples; take them; train (trainer compute model)
+        last micro-step: weight sync to standalone replicas (their generation paused), version v+1 published,
+            controller.after_sync(v+1, ctx) (not after the last step)  # activate: wake, sync, add, resume, rebalance
+            rollouter.reset_staleness(); the cycle's dynamic_resource/* metrics (metrics.cycle_metrics)
+
+The pool's methods advance the virtual clock by the scenario's switch costs while the trainer is blocked; the
+rollout world keeps generating meanwhile. Every second of the trainer's timeline goes to exactly one
+:data:`BREAKDOWN_KEYS` bucket, so a run's breakdown sums to its ``time_s``.
+
+Example::
+
+    from lightning_hybrid_rollout.sim.presets import get_preset
+    from lightning_hybrid_rollout.sim.runner import simulate
+
+    result = simulate(get_preset("seed"))
+    for run in result.runs:
+        print(run.name, round(run.time_s), round(run.efficiency, 3))
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightning_hybrid_rollout import metrics as M
+from lightning_hybrid_rollout.schedule import DynamicResourceController, create_policy
+from lightning_hybrid_rollout.schedule.rate_matched_policy import RateScheduleContext
+from lightning_hybrid_rollout.sim.scenario import ReplicaModel, RunSpec, Scenario
+from lightning_hybrid_rollout.sim.world import RolloutWorld, SimReplica, SimSample, SimulationError
+from lightning_hybrid_rollout.trace import TRAINER_TRACK, TraceWriter
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "BREAKDOWN_KEYS",
+    "RunResult",
+    "ScenarioResult",
+    "SimReplicaPool",
+    "run_once",
+    "simulate",
+]
+
+#: The trainer-timeline buckets of a run's time breakdown (they sum to ``time_s``).
+BREAKDOWN_KEYS: tuple[str, ...] = (
+    "training_compute",
+    "startup_fill",
+    "waiting_hybrid_generating",
+    "waiting_idle",
+    "waiting_staleness_bound",
+    "hybrid_switching",
+    "weight_sync_standalone",
+    "weight_sync_hybrid",
+)
+BREAKDOWN_HELP: dict[str, str] = {
+    "training_compute": "the trainer computing (the only bucket the balance bound also pays, with generation)",
+    "startup_fill": "waiting for the very first batch (pipeline fill; hybrid replicas may help)",
+    "waiting_hybrid_generating": "waiting for samples while hybrid replicas generate on the trainer's devices",
+    "waiting_idle": "waiting for samples with the trainer's devices idle (hybrid asleep or absent)",
+    "waiting_staleness_bound": "idle waiting while admission was blocked by the staleness budget / queue bound",
+    "hybrid_switching": "hybrid wake-up, sleep, add/remove/resume/abort and rebalance",
+    "weight_sync_standalone": "weight sync to standalone replicas (their generation paused too)",
+    "weight_sync_hybrid": "weight sync to hybrid replicas (only when the policy activates them)",
+}
+
+
+@dataclass
+class RunResult:
+    """Everything one simulated run produced.
+
+    Args:
+        name, policy, train_devices, rollout_devices, hybrid: From the :class:`RunSpec` (policy None when static).
+        time_s: Virtual seconds until the last step's weight sync finished.
+        work_bound_s: This run's own balance bound: (its trained samples' generation + training device-seconds)
+            / devices.
+        breakdown_s: Trainer-timeline buckets (:data:`BREAKDOWN_KEYS`), summing to ``time_s``.
+        resource_utilization: Seed §4.3 over the whole run (same formula, run totals).
+        steps: Per sync cycle: the ``dynamic_resource/*`` metrics plus ``sim/*`` extras.
+        activations, deactivations: Completed hybrid switches.
+        generated, consumed, queued, outstanding, admitted: Sample counts at the end.
+        efficiency: ``balance_bound_s / time_s`` (filled in by :func:`simulate`).
+        trace_path: The run's trace file, if one was written.
+    """
+
+    name: str
+    policy: str | None
+    train_devices: int
+    rollout_devices: int
+    hybrid: bool
+    time_s: float
+    work_bound_s: float
+    breakdown_s: dict[str, float]
+    resource_utilization: float
+    steps: list[dict[str, float]] = field(default_factory=list)
+    activations: int = 0
+    deactivations: int = 0
+    generated: int = 0
+    consumed: int = 0
+    queued: int = 0
+    outstanding: int = 0
+    admitted: int = 0
+    efficiency: float = 0.0
+    trace_path: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The run's entry in ``lhr simulate --json`` (exactly the documented keys)."""
+        return {
+            "name": self.name,
+            "policy": self.policy,
+            "train_devices": self.train_devices,
+            "rollout_devices": self.rollout_devices,
+            "hybrid": self.hybrid,
+            "time_s": self.time_s,
+            "efficiency": self.efficiency,
+            "resource_utilization": self.resource_utilization,
+            "breakdown_s": dict(self.breakdown_s),
+        }
+
+
+@dataclass
+class ScenarioResult:
+    """All runs of a scenario and its balance bound.
+
+    Args:
+        scenario: Scenario name.
+        balance_bound_s: The least of the runs' own balance bounds (so no run can beat it).
+        runs: The runs, in scenario order.
+    """
+
+    scenario: str
+    balance_bound_s: float
+    runs: list[RunResult]
+
+    def run(self, name: str) -> RunResult:
+        """The run called ``name``."""
+        for r in self.runs:
+            if r.name == name:
+                return r
+        raise KeyError(f"no run {name!r}; runs: {[r.name for r in self.runs]}")
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``lhr simulate --json`` object."""
+        return {
+            "scenario": self.scenario,
+            "balance_bound_s": self.balance_bound_s,
+            "runs": [r.to_json() for r in self.runs],
+        }
+
+
+# ----------------------------------------------------------------------------------------------------- pool
+
+
+class SimReplicaPool:
+    """The controller's :class:`~lightning_hybrid_rollout.schedule.ReplicaPool`, on the virtual clock.
+
+    Each method changes the hybrid replicas' state in the world and advances the clock by its cost (the trainer is
+    blocked meanwhile; standalone replicas keep generating), charging the trainer-timeline bucket it belongs to.
+
+    Args:
+        world: The rollout world.
+        scenario: For the switch costs.
+        charge: ``charge(bucket, seconds, trace_name, args)`` records trainer time.
+    """
+
+    def __init__(
+        self, world: RolloutWorld, scenario: Scenario, charge: Callable[[str, float, str, dict[str, Any]], None]
+    ) -> None:
+        self.world = world
+        self.costs = scenario.switch
+        self._charge = charge
+        #: Param version the hybrid replicas hold (-1: none; they start asleep without weights).
+        self.synced_version = -1
+
+    @property
+    def replicas(self) -> list[SimReplica]:
+        """The hybrid replicas."""
+        return self.world.hybrid
+
+    def _spend(self, bucket: str, seconds: float, op: str) -> None:
+        w = self.world
+        t0 = w.now
+        w.advance_to(t0 + seconds)
+        if bucket == "weight_sync_hybrid":
+            self._charge(bucket, w.now - t0, "weight_sync", {"op": op, "target": "hybrid"})
+        else:
+            self._charge(bucket, w.now - t0, "switching", {"op": op})
+
+    def wake_up_replicas(self) -> None:
+        """Weights, then KV cache back on the trainer's devices (a no-op if already awake)."""
+        if all(r.awake for r in self.replicas):
+            return
+        self.world.set_state(self.replicas, "switching", serving=False, routable=False)
+        self._spend("hybrid_switching", self.costs.wake_s, "wake_up_replicas")
+        for r in self.replicas:
+            r.awake = True
+
+    def sync_weights(self) -> None:
+        """Push the trainer's weights to the hybrid replicas (a no-op if they already hold this version)."""
+        if self.synced_version == self.world.version:
+            return
+        self.synced_version = self.world.version
+        self.world.set_state(self.replicas, "syncing", serving=False)
+        self._spend("weight_sync_hybrid", self.costs.hybrid_sync_s, "sync_weights")
+
+    def add_replicas(self) -> None:
+        """Register the hybrid replicas in the load balancer (routable once resumed)."""
+        self._spend("hybrid_switching", self.costs.add_s, "add_replicas")
+
+    def resume_generation_replicas(self) -> None:
+        """The hybrid replicas accept requests."""
+        self.world.set_state(self.replicas, "active", serving=True, routable=True)
+        self._spend("hybrid_switching", self.costs.resume_s, "resume_generation_replicas")
+
+    def remove_replicas(self) -> None:
+        """Cut routing to the hybrid replicas (their in-flight samples keep decoding until aborted)."""
+        self.world.set_state(
+            self.replicas,
+            self.replicas[0].state if self.replicas else "active",
+            serving=any(r.serving for r in self.replicas),
+            routable=False,
+        )
+        self._spend("hybrid_switching", self.costs.remove_s, "remove_replicas")
+
+    def abort_replicas(self) -> None:
+        """Abort their in-flight samples; partial-rollout retries go to the routable (standalone) replicas."""
+        self.world.abort(self.replicas)
+        self._spend("hybrid_switching", self.costs.abort_s, "abort_replicas")
+
+    def sleep_replicas(self) -> None:
+        """Release KV cache and offload weights: the devices return to the trainer."""
+        self.world.abort([r for r in self.replicas if r.members])  # nothing may keep decoding on a sleeping engine
+        self.world.set_state(self.replicas, "switching", serving=False, routable=False)
+        self._spend("hybrid_switching", self.costs.sleep_s, "sleep_replicas")
+        for r in self.replicas:
+            r.awake = False
+        self.synced_version = -1  # sleeping engines drop their weights
+        self.world.set_state(self.replicas, "parked", serving=False, routable=False)
+
+    def rebalance_requests(self) -> None:
+        """Clear sticky routing, abort in-flight samples on all routable replicas, re-route least-loaded."""
+        self.world.abort([r for r in self.world.replicas if r.routable])
+        self._spend("hybrid_switching", self.costs.rebalance_s, "rebalance_requests")
+
+
+# --------------------------------------------------------------------------------------------------- runner
+
+
+def _peak_tokens_per_device_s(scenario: Scenario, model: ReplicaModel, version: int) -> float:
+    """Best decode tokens/s per device a replica of ``model`` reaches at ``version`` (its KV limit then)."""
+    limit = model.run_limit(scenario.cap_of(model), scenario.lengths.context_at(version))
+    return model.throughput(limit, limit) / model.devices
+
+
+def balance_bound(scenario: Scenario, run: RunSpec, samples: Iterable[SimSample], train_device_s: float) -> float:
+    """The run's balance bound: its work on its devices with perfect balance and free switching.
+
+    Generation work is counted in standalone device-seconds, ``G = Σ length_i / s_i`` with ``s_i`` the best
+    standalone rate per device (tokens/s) over the versions sample ``i`` was decoded in (the KV limit follows the
+    drifting mean length). Trainer devices train ``W`` device-seconds in all and may generate, like hybrid replicas,
+    at ``ρ`` standalone device-seconds per second (``ρ`` = the best hybrid/standalone speed ratio of the run's
+    versions). No schedule can beat ``max(W/T, (G + ρ·W) / (S + ρ·T))`` (``T``/``S`` trainer/rollout devices).
+    With hybrid replicas as fast as standalone ones (``ρ = 1``) this is the issue's ``(G + W) / (T + S)``.
+    """
+    rates: dict[tuple[str, int], float] = {}
+
+    def rate(kind: str, v: int) -> float:
+        key = (kind, v)
+        if key not in rates:
+            model = scenario.replica if kind == "s" else scenario.hybrid_model
+            rates[key] = _peak_tokens_per_device_s(scenario, model, v)
+        return rates[key]
+
+    gen = 0.0
+    for smp in samples:
+        last = smp.max_version if smp.max_version is not None else scenario.steps
+        gen += smp.length / max(rate("s", smp.admitted_version), rate("s", last))
+    rho = max(rate("h", v) / rate("s", v) for v in range(scenario.steps + 1))
+    T, S = run.train_devices, run.rollout_devices
+    return max(train_device_s / T, (gen + rho * train_device_s) / (S + rho * T))
+
+
+class _Run:
+    """One run's trainer loop (internal; see :func:`run_once`)."""
+
+    def __init__(self, scenario: Scenario, run: RunSpec, trace: TraceWriter | None) -> None:
+        self.sc = scenario
+        self.run = run
+        self.trace = trace
+        self.world = RolloutWorld(scenario, run, trace)
+        self.breakdown = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
+        self.trained_any = False
+        self.trained: list[SimSample] = []
+        self.steps: list[dict[str, float]] = []
+        self.pool = SimReplicaPool(self.world, scenario, self._charge)
+        self.controller: DynamicResourceController | None = None
+        if run.hybrid:
+            kwargs = {"only_hybrid": run.rollout_devices == 0, **run.policy_kwargs}
+            policy = create_policy(run.policy, **kwargs)
+            self.controller = DynamicResourceController(
+                self.pool,
+                policy,
+                clock=lambda: self.world.now,
+                enable_rebalance=run.enable_rebalance,
+                has_hybrid=True,
+            )
+        self.ctx = RateScheduleContext(
+            required_samples=scenario.required_samples,
+            trigger_parameter_sync_step=scenario.trigger_parameter_sync_step,
+            buffer_samples=scenario.buffer_samples,
+            only_hybrid=run.rollout_devices == 0,
+            num_standalone_replicas=len(self.world.standalone),
+            num_hybrid_replicas=len(self.world.hybrid),
+        )
+        # run-level accumulators for the utilization metrics
+        self._compute_total = 0.0
+        self._alloc_total = 0.0
+        self._wait_total = 0.0
+        self._step_total = 0.0
+        self._busy = 0.0
+        self._capacity = 0.0
+        self._cycle_train_s = 0.0
+        self._cycle_trained_tokens = 0
+        self._cycle_sync_s = 0.0
+        self._breakdown_at_cycle_start = dict(self.breakdown)
+
+    # -------------------------------------------------------------------------------------------- helpers
+
+    def _charge(self, bucket: str, seconds: float, phase: str, args: dict[str, Any]) -> None:
+        self.breakdown[bucket] += seconds
+        if self.trace is not None and seconds > 0:
+            self.trace.span(TRAINER_TRACK, phase, self.world.now - seconds, self.world.now, args)
+
+    def _wait_for(self, n: int) -> float:
+        """Block the trainer until the queue holds ``n`` samples; charge the wait to its bucket."""
+        w = self.world
+        hybrid = w.hybrid_serving()
+        thr0 = w.throttled_s
+        t0 = w.now
+        waited = w.run_until(lambda: w.queue_size >= n, f"{n} samples in the queue")
+        if waited <= 0:
+            return 0.0
+        if not self.trained_any:
+            self.breakdown["startup_fill"] += waited
+        elif hybrid:
+            self.breakdown["waiting_hybrid_generating"] += waited
+        else:
+            thr = min(waited, w.throttled_s - thr0)
+            self.breakdown["waiting_staleness_bound"] += thr
+            self.breakdown["waiting_idle"] += waited - thr
+        if self.trace is not None:
+            self.trace.span(TRAINER_TRACK, "waiting", t0, w.now, {"hybrid": hybrid, "samples": n})
+        return waited
+
+    def _train_seconds(self, batch: list[SimSample]) -> float:
+        tm = self.sc.trainer
+        tokens = sum(self.sc.lengths.prompt_tokens + s.length for s in batch)
+        return tokens * tm.device_s_per_token / self.run.train_devices + tm.step_overhead_s
+
+    def _standalone_sync(self) -> float:
+        w = self.world
+        if not w.standalone:
+            return 0.0
+        cost = self.sc.switch.standalone_sync_s
+        w.set_state(w.standalone, "syncing", serving=False)
+        t0 = w.now
+        w.advance_to(t0 + cost)
+        w.set_state(w.standalone, "active", serving=True)
+        self._charge("weight_sync_standalone", w.now - t0, "weight_sync", {"target": "standalone"})
+        return w.now - t0
+
+    def _overlapped_sync(self, step: int) -> float:
+        """``overlap_sync``: ask the policy first; if it will activate, prepare hybrid during the standalone sync.
+
+        The hybrid wake-up and then the hybrid weight sync run concurrently with the standalone weight sync; the
+        trainer is blocked for ``max(standalone_sync_s, wake_s + hybrid_sync_s)``. The controller's activation
+        that follows finds the replicas awake and current (both pool methods are then no-ops) and only adds and
+        resumes them.
+        """
+        w = self.world
+        assert self.controller is not None
+        self._fill_ctx()
+        will = self.controller.policy.should_activate_after_step(step, self.controller.is_hybrid_active, self.ctx)
+        if not will or not w.hybrid or self.controller.is_hybrid_active:
+            return self._standalone_sync()
+        costs = self.sc.switch
+        t0 = w.now
+        if w.standalone:
+            w.set_state(w.standalone, "syncing", serving=False)
+        w.set_state(w.hybrid, "switching", serving=False, routable=False)
+        s_end = t0 + (costs.standalone_sync_s if w.standalone else 0.0)
+        wake_end = t0 + costs.wake_s
+        sync_end = wake_end + costs.hybrid_sync_s
+        for t, what in sorted([(s_end, "standalone"), (wake_end, "wake"), (sync_end, "hybrid_sync")]):
+            w.advance_to(t)
+            if what == "standalone" and w.standalone:
+                w.set_state(w.standalone, "active", serving=True)
+            elif what == "wake":
+                for r in w.hybrid:
+                    r.awake = True
+                w.set_state(w.hybrid, "syncing", serving=False, routable=False)
+            elif what == "hybrid_sync":
+                self.pool.synced_version = step
+                w.set_state(w.hybrid, "parked", serving=False, routable=False)
+        sync_s = s_end - t0
+        self.breakdown["weight_sync_standalone"] += sync_s
+        self.breakdown["hybrid_switching"] += (w.now - t0) - sync_s
+        if self.trace is not None:
+            self.trace.span(TRAINER_TRACK, "weight_sync", t0, s_end, {"target": "standalone", "overlap": "hybrid"})
+            if w.now > s_end:
+                self.trace.span(TRAINER_TRACK, "switching", s_end, w.now, {"op": "hybrid wake/sync (overlapped)"})
+        return sync_s
+
+    def _fill_ctx(self) -> None:
+        w, ctx = self.world, self.ctx
+        ctx.total_generated_samples = w.generated
+        ctx.expected_samples = w.consumed
+        ctx.queue_size = w.queue_size
+
+    def _check_devices_free(self) -> None:
+        busy = [r.name for r in self.world.hybrid if r.awake or r.members]
+        if busy:
+            raise SimulationError(
+                f"run {self.run.name!r}: the trainer must train but hybrid replicas {busy} still hold its devices; "
+                f"the policy {self.run.policy!r} has to deactivate them before a training step"
+            )
+
+    def _after_sync(self, step: int) -> dict[str, float]:
+        """Fill the cycle's context fields and call the controller (hybrid runs only)."""
+        w, ctx = self.world, self.ctx
+        window = w.take_window()
+        ctx.cycle_train_compute_s = self._cycle_train_s
+        ctx.cycle_trained_samples = self.sc.step_required_samples
+        ctx.cycle_trained_tokens = self._cycle_trained_tokens
+        ctx.standalone_serving_s = window.serving_s["standalone"]
+        ctx.standalone_decoded_tokens = window.tokens["standalone"]
+        ctx.hybrid_serving_s = window.serving_s["hybrid"]
+        ctx.hybrid_decoded_tokens = window.tokens["hybrid"]
+        self._fill_ctx()
+        extra: dict[str, float] = {}
+        if self.controller is not None:
+            t0 = w.now
+            hybrid_sync0 = self.breakdown["weight_sync_hybrid"]
+            end = self.controller.after_sync(step, ctx)
+            extra = {
+                "sim/hybrid_sync_s": self.breakdown["weight_sync_hybrid"] - hybrid_sync0,
+                M.ACTIVATE_DURATION_S: end.cycle_activate_duration_s,
+                M.DEACTIVATE_DURATION_S: end.cycle_deactivate_duration_s,
+                M.HYBRID_SYNC_SKIPPED: 0.0 if end.activated or end.was_hybrid_active else 1.0,
+                "sim/activation_s": w.now - t0,
+            }
+            if not end.activated and not self.controller.is_hybrid_active and any(r.awake for r in w.hybrid):
+                self.pool.sleep_replicas()  # overlap_wake woke them but the policy changed its mind
+            ratio = getattr(self.controller.policy, "deactivate_ratio", None)
+            if ratio is not None:
+                extra["sim/deactivate_ratio"] = float(ratio)
+        # the cycle's measurements are consumed: start the next cycle's (as verl clears its wait lists)
+        ctx.step_wait_times = []
+        ctx.step_wait_samples = []
+        ctx.step_queue_sizes = []
+        ctx.deactivate_wait_s = 0.0
+        ctx.deactivate_wait_samples = 0
+        ctx.cycle_train_compute_s = 0.0
+        ctx.cycle_trained_samples = 0
+        ctx.cycle_trained_tokens = 0
+        ctx.standalone_serving_s = ctx.standalone_decoded_tokens = 0.0
+        ctx.hybrid_serving_s = ctx.hybrid_decoded_tokens = 0.0
+        self._cycle_train_s = 0.0
+        self._cycle_trained_tokens = 0
+        self._cycle_sync_s = 0.0
+        return extra
+
+    # ------------------------------------------------------------------------------------------------ loop
+
+    def execute(self) -> RunResult:
+        sc, w, ctx = self.sc, self.world, self.ctx
+        R, m = sc.required_samples, sc.trigger_parameter_sync_step
+        if self.trace is not None:
+            self.trace.describe_track(TRAINER_TRACK, kind="trainer", devices=list(range(self.run.train_devices)))
+        w.start()
+        if self.controller is not None:
+            self._fill_ctx()
+            self.controller.after_sync(0, ctx)
+            ctx.step_wait_times, ctx.step_wait_samples, ctx.step_queue_sizes = [], [], []
+            w.take_window()
+        for v in range(sc.steps):
+            compute_s: list[float] = []
+            alloc_s: list[float] = []
+            wait_s: list[float] = []
+            step_s: list[float] = []
+            mq: list[int] = []
+            extra: dict[str, float] = {}
+            for j in range(m):
+                t_step = w.now
+                deact_wait = [0.0]
+                if self.controller is not None:
+                    self._fill_ctx()
+
+                    def wait_for_samples(n: int, box: list[float] = deact_wait) -> None:
+                        before = w.generated
+                        waited = self._wait_for(n)
+                        box[0] += waited
+                        ctx.deactivate_wait_s += waited
+                        ctx.deactivate_wait_samples += w.generated - before
+
+                    self.controller.before_step(v, ctx, wait_for_samples)
+                self._check_devices_free()
+                t_gen = w.now
+                q0 = w.queue_size
+                waited = self._wait_for(R)
+                batch = w.take(R)
+                ctx.step_wait_times.append(waited)
+                ctx.step_wait_samples.append(max(0, R - q0))
+                ctx.step_queue_sizes.append(q0)
+                train_s = self._train_seconds(batch)
+                t0 = w.now
+                w.advance_to(t0 + train_s)
+                self.trained_any = True
+                self.trained.extend(batch)
+                self.breakdown["training_compute"] += train_s
+                self._cycle_train_s += train_s
+                self._cycle_trained_tokens += sum(s.length for s in batch)
+                if self.trace is not None:
+                    self.trace.span(TRAINER_TRACK, "training", t0, w.now, {"step": v, "micro_step": j})
+                if j == m - 1:
+                    sync_s = 0.0
+                    if self.run.sequencing == "overlap_sync" and self.controller is not None and v + 1 < sc.steps:
+                        sync_s = self._cycle_sync_s = self._overlapped_sync(v + 1)
+                    else:
+                        sync_s = self._cycle_sync_s = self._standalone_sync()
+                    w.set_version(v + 1)
+                    if v + 1 < sc.steps:
+                        extra = self._after_sync(v + 1)
+                    else:
+                        extra = {}
+                compute_s.append(train_s)
+                alloc_s.append(w.now - t_gen)
+                wait_s.append(deact_wait[0])
+                step_s.append(w.now - t_step)
+                mq.append(w.queue_size)
+            history, generated = w.reset_staleness()
+            extra[M.WEIGHT_SYNC_TIME_S] = sync_s + extra.pop("sim/hybrid_sync_s", 0.0)
+            self._emit_cycle(v + 1, compute_s, alloc_s, wait_s, step_s, mq, history, generated, extra)
+        w.close_spans()
+        return self._result()
+
+    def _emit_cycle(
+        self,
+        step: int,
+        compute_s: list[float],
+        alloc_s: list[float],
+        wait_s: list[float],
+        step_s: list[float],
+        mq: list[int],
+        history: list[tuple[float, int, int]],
+        generated: int,
+        extra: dict[str, float],
+    ) -> None:
+        a = self.run.train_devices
+        b = self.run.rollout_devices
+        out = M.cycle_metrics(
+            compute_s=compute_s,
+            allocated_s=alloc_s,
+            rollout_history=history,
+            wait_s=wait_s,
+            step_s=step_s,
+            hybrid_devices=a,
+            standalone_devices=b,
+            mq_sizes=mq,
+            step_generated_samples=generated,
+        )
+        busy, cap = M.rollout_utilization_terms(history)
+        self._busy += busy
+        self._capacity += cap
+        self._compute_total += sum(compute_s)
+        self._alloc_total += sum(alloc_s)
+        self._wait_total += sum(wait_s)
+        self._step_total += sum(step_s)
+        out[M.HYBRID_ACTIVE] = 1.0 if self.world.hybrid_serving() else 0.0
+        out.update(extra)
+        out["sim/time_s"] = self.world.now
+        out["sim/step"] = float(step)
+        for key, value in self.breakdown.items():
+            out[f"sim/{key}_s"] = value - self._breakdown_at_cycle_start[key]
+        self._breakdown_at_cycle_start = dict(self.breakdown)
+        self.steps.append(out)
+        if self.trace is not None:
+            self.trace.step_metrics(step, self.world.now, out)
+
+    def _result(self) -> RunResult:
+        sc, run, w = self.sc, self.run, self.world
+        train = sum(sc.lengths.prompt_tokens + s.length for s in self.trained) * sc.trainer.device_s_per_token
+        train += sc.trainer.step_overhead_s * run.train_devices * sc.steps * sc.trigger_parameter_sync_step
+        bound = balance_bound(sc, run, self.trained, train)
+        u_train = M.train_resource_utilization(self._compute_total, self._alloc_total)
+        u_rollout = self._busy / self._capacity if self._capacity > 0 else 0.0
+        util = M.cluster_resource_utilization(
+            u_train, u_rollout, self._wait_total, self._step_total, run.train_devices, run.rollout_devices
+        )
+        total = sum(self.breakdown.values())
+        if not math.isclose(total, w.now, rel_tol=1e-9, abs_tol=1e-6):
+            raise SimulationError(f"run {run.name!r}: breakdown sums to {total}, time is {w.now} (a simulator bug)")
+        return RunResult(
+            name=run.name,
+            policy=run.policy,
+            train_devices=run.train_devices,
+            rollout_devices=run.rollout_devices,
+            hybrid=run.hybrid,
+            time_s=w.now,
+            work_bound_s=bound,
+            breakdown_s=dict(self.breakdown),
+            resource_utilization=util,
+            steps=self.steps,
+            activations=self.controller.activate_count if self.controller else 0,
+            deactivations=self.controller.deactivate_count if self.controller else 0,
+            generated=w.generated,
+            consumed=w.consumed,
+            queued=w.queue_size,
+            outstanding=w.outstanding,
+            admitted=w.admitted,
+        )
+
+
+def run_once(scenario: Scenario, run: RunSpec | str, trace_path: str | Path | None = None) -> RunResult:
+    """Simulate one run of ``scenario``.
+
+    Args:
+        scenario: The scenario.
+        run: A :class:`RunSpec` or the name of one of the scenario's runs.
+        trace_path: Write the run's Chrome trace there (see :mod:`lightning_hybrid_rollout.trace`).
+    """
+    spec = scenario.run(run) if isinstance(run, str) else run
+    trace = None
+    if trace_path is not None:
+        meta = {
+            "source": "simulator",
+            "scenario": scenario.name,
+            "run": spec.name,
+            "policy": spec.policy,
+            "train_devices": spec.train_devices,
+            "rollout_devices": spec.rollout_devices,
+            "hybrid": spec.hybrid,
+            "sequencing": spec.sequencing,
+        }
+        trace = TraceWriter(trace_path, meta)
+    try:
+        result = _Run(scenario, spec, trace).execute()
+    finally:
+        if trace is not None:
+            trace.close()
+    if trace_path is not None:
+        result.trace_path = str(trace_path)
+    return result
+
+
+_CACHE: dict[str, ScenarioResult] = {}
+_CACHE_SIZE = 8
+
+
+def simulate(
+    scenario: Scenario, runs: Iterable[str] | None = None, trace_dir: str | Path | None = None
+) -> ScenarioResult:
+    """Simulate the scenario's runs (or the named subset) and compute the balance bound and efficiencies.
+
+    Results without traces are memoised in-process (the simulation is deterministic), so asking twice is free.
+
+    Args:
+        scenario: The scenario.
+        runs: Names of the runs to simulate (default: all).
+        trace_dir: Write ``trace_<run>.json`` files there.
+    """
+    specs = scenario.runs if runs is None else [scenario.run(n) for n in runs]
+    key = ""
+    if trace_dir is None:
+        key = json.dumps([scenario.to_dict(), [s.name for s in specs]], sort_keys=True, default=str)
+        if key in _CACHE:
+            return copy.deepcopy(_CACHE[key])
+    result = _simulate(scenario, specs, trace_dir)
+    if key:
+        if len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = copy.deepcopy(result)
+    return result
+
+
+def _simulate(scenario: Scenario, specs: list[RunSpec], trace_dir: str | Path | None) -> ScenarioResult:
+    if not specs:
+        raise ValueError(f"scenario {scenario.name!r} has no runs to simulate")
+    results = []
+    for spec in specs:
+        path = Path(trace_dir) / f"trace_{spec.name}.json" if trace_dir is not None else None
+        results.append(run_once(scenario, spec, path))
+    bound = min(r.work_bound_s for r in results)
+    for r in results:
+        r.efficiency = bound / r.time_s if r.time_s > 0 else 0.0
+    return ScenarioResult(scenario.name, bound, results)
+
+
+def replace_run(scenario: Scenario, name: str, **changes: Any) -> Scenario:
+    """A copy of ``scenario`` whose run ``name`` has ``changes`` applied (helper for experiments and tests)."""
+    runs = [dataclasses.replace(r, **changes) if r.name == name else r for r in scenario.runs]
+    return scenario.with_runs(runs)

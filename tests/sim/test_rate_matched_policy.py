@@ -1,0 +1,112 @@
+"""Unit tests of the rate_matched policy's decisions (pure functions of the context and its state)."""
+
+from __future__ import annotations
+
+from lightning_hybrid_rollout.schedule import DynamicScheduleContext, create_policy
+from lightning_hybrid_rollout.schedule.rate_matched_policy import (
+    RateMatchedDynamicSchedulePolicy,
+    RateScheduleContext,
+    hindsight_need,
+)
+
+
+def _measured(**kw):
+    base = {
+        "required_samples": 10,
+        "trigger_parameter_sync_step": 4,
+        "buffer_samples": 20,
+        "standalone_serving_s": 100.0,
+        "standalone_decoded_tokens": 2000.0,  # 20 tok/s at 100 tokens/sample: 0.2 samples/s
+        "cycle_train_compute_s": 40.0,
+        "cycle_trained_samples": 40,
+        "cycle_trained_tokens": 4000,  # 1 s of training per sample
+        "num_standalone_replicas": 1,
+        "num_hybrid_replicas": 1,
+    }
+    base.update(kw)
+    return RateScheduleContext(**base)
+
+
+def test_registered_and_a_subclass_of_default():
+    policy = create_policy("rate_matched")
+    assert isinstance(policy, RateMatchedDynamicSchedulePolicy)
+    assert policy.should_deactivate(3, True, DynamicScheduleContext()) is True
+    assert policy.should_deactivate(3, False, DynamicScheduleContext()) is False
+
+
+def test_cold_start_does_not_activate_then_measured_shortfall_does():
+    policy = RateMatchedDynamicSchedulePolicy()
+    assert not policy.should_activate_after_step(0, False, RateScheduleContext(required_samples=10))
+    ctx = _measured(queue_size=0)
+    assert policy.should_activate_after_step(1, False, ctx)
+    assert 10 <= policy.deactivate_wait_samples(ctx) <= ctx.step_required_samples
+
+
+def test_never_activates_when_standalone_keeps_up():
+    policy = RateMatchedDynamicSchedulePolicy()
+    # 4 samples/s of standalone production against 1 sample/s of training, a full queue
+    ctx = _measured(
+        standalone_decoded_tokens=40000.0,
+        queue_size=60,
+        step_queue_sizes=[60, 70, 80, 90],
+        step_wait_samples=[0, 0, 0, 0],
+    )
+    for step in range(1, 6):
+        assert not policy.should_activate_after_step(step, False, ctx)
+        policy.update_after_step(step, ctx)
+
+
+def test_only_hybrid_always_activates_and_waits_for_the_whole_cycle():
+    policy = RateMatchedDynamicSchedulePolicy(only_hybrid=True)
+    ctx = RateScheduleContext(required_samples=8, trigger_parameter_sync_step=2, only_hybrid=True)
+    assert policy.should_activate_after_step(0, False, ctx)
+    assert policy.deactivate_wait_samples(ctx) == 16
+
+
+def test_plain_context_falls_back_to_the_default_policy():
+    ours, default = RateMatchedDynamicSchedulePolicy(), create_policy("default")
+    ctx = DynamicScheduleContext(
+        required_samples=10, trigger_parameter_sync_step=4, step_wait_times=[5.0], step_wait_samples=[10]
+    )
+    assert ours.should_activate_after_step(1, False, ctx) == default.should_activate_after_step(1, False, ctx)
+    ours.update_after_step(1, ctx)
+    default.update_after_step(1, ctx)
+    assert ours.deactivate_wait_samples(ctx) == default.deactivate_wait_samples(ctx)
+
+
+def test_hindsight_need_replays_the_cycle_without_its_waits():
+    assert hindsight_need([40, 35, 30, 25], [0, 0, 0, 7], 32, 0.0) == 47.0
+    assert hindsight_need([10, 20, 30], [22, 12, 2], 32, 2.0) == 10 + 36 + 2.0  # the waits add up
+    assert hindsight_need([], [], 32, 0.0) is None
+
+
+def test_need_follows_rises_fast_and_threshold_tracks_it():
+    policy = RateMatchedDynamicSchedulePolicy()
+    low = _measured(queue_size=5, step_queue_sizes=[20, 15, 12, 10], step_wait_samples=[0, 0, 0, 0])
+    high = _measured(queue_size=5, step_queue_sizes=[20, 10, 10, 10], step_wait_samples=[0, 5, 10, 10])
+    for step in range(1, 5):
+        policy.update_after_step(step, low)
+    before = policy.deactivate_wait_samples(low)
+    policy.update_after_step(5, high)
+    after = policy.deactivate_wait_samples(high)
+    assert after >= before + 12  # the 25 samples it lacked show up within one cycle, mostly
+
+
+def test_state_dict_round_trip_reproduces_decisions():
+    a = RateMatchedDynamicSchedulePolicy()
+    for step in range(1, 4):
+        ctx = _measured(
+            queue_size=3 * step,
+            step_queue_sizes=[20, 15, 12, 10],
+            step_wait_samples=[0, 0, 1, 2],
+            last_activate_duration_s=4.0,
+            last_deactivate_duration_s=2.0,
+            deactivate_wait_s=30.0,
+            deactivate_wait_samples=12,
+        )
+        a.update_after_step(step, ctx)
+    b = RateMatchedDynamicSchedulePolicy()
+    b.load_state_dict(a.state_dict())
+    probe = _measured(queue_size=7)
+    assert b.forecast(probe) == a.forecast(probe)
+    assert b.state_dict() == a.state_dict()

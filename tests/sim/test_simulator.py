@@ -1,0 +1,166 @@
+"""Simulator invariants: conservation, the time breakdown, the balance bound, and the ideal case."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lightning_hybrid_rollout.sim import BREAKDOWN_KEYS, Scenario, SwitchCosts, simulate
+from lightning_hybrid_rollout.sim.runner import run_once
+
+from .conftest import tiny_scenario
+
+
+def _check_invariants(result):
+    for r in result.runs:
+        # conservation: every generated sample is trained or still queued; every admitted one generated or pending
+        assert r.generated == r.consumed + r.queued, r.name
+        assert r.admitted == r.generated + r.outstanding, r.name
+        assert set(r.breakdown_s) == set(BREAKDOWN_KEYS)
+        assert all(v >= 0 for v in r.breakdown_s.values())
+        assert math.isclose(sum(r.breakdown_s.values()), r.time_s, rel_tol=1e-9, abs_tol=1e-6), r.name
+        # the bound is never beaten, neither the run's own nor the scenario's
+        assert r.time_s >= r.work_bound_s * (1 - 1e-9), r.name
+        assert r.time_s >= result.balance_bound_s * (1 - 1e-9), r.name
+        assert 0 < r.efficiency <= 1 + 1e-9
+        assert 0 <= r.resource_utilization <= 1 + 1e-9
+
+
+def test_tiny_scenario_invariants(tiny):
+    result = simulate(tiny)
+    _check_invariants(result)
+    sc = tiny
+    for r in result.runs:
+        assert r.consumed == sc.steps * sc.step_required_samples
+        assert len(r.steps) == sc.steps
+        assert {"dynamic_resource/mq_size", "dynamic_resource/resource_utilization"} <= set(r.steps[0])
+    static = result.run("static_2_2")
+    assert static.activations == 0 and static.breakdown_s["hybrid_switching"] == 0
+
+
+def test_simulation_is_deterministic(tiny):
+    a = run_once(tiny, "dynamic_rate_matched")
+    b = run_once(tiny, "dynamic_rate_matched")
+    assert a.time_s == b.time_s and a.breakdown_s == b.breakdown_s
+
+
+_POLICIES = st.sampled_from(["default", "rate_matched", "fixed_ratio", "static_fully_async"])
+
+
+@st.composite
+def scenarios(draw):
+    trigger = draw(st.integers(1, 3))
+    group = draw(st.integers(1, 2))
+    required = group * draw(st.integers(1, 4))
+    train = draw(st.integers(1, 3))
+    hybrid = draw(st.booleans())
+    rollout = draw(st.integers(0 if hybrid else 1, 3))
+    run = {
+        "name": "r",
+        "train_devices": train,
+        "rollout_devices": rollout,
+        "hybrid": hybrid,
+        "sequencing": draw(st.sampled_from(["seed", "overlap_sync"])),
+    }
+    if hybrid:
+        run["policy"] = draw(_POLICIES)
+    kv = draw(st.none() | st.floats(200, 5000))
+    return Scenario.from_dict(
+        {
+            "name": "random",
+            "seed": draw(st.integers(0, 1000)),
+            "steps": draw(st.integers(1, 4)),
+            "required_samples": required,
+            "trigger_parameter_sync_step": trigger,
+            "staleness_threshold": draw(st.sampled_from([0.0, 0.2, 0.5, 1.0])),
+            "concurrent_samples_per_replica": draw(st.integers(1, 6)),
+            "group_size": group,
+            "lengths": {
+                "mean_tokens": draw(st.floats(20, 400)),
+                "sigma": draw(st.floats(0, 1)),
+                "max_tokens": 3000,
+                "prompt_tokens": draw(st.integers(0, 50)),
+                "drift_per_step": draw(st.floats(-0.2, 0.5)),
+            },
+            "replica": {
+                "devices": 1,
+                "tokens_per_s": draw(st.floats(5, 100)),
+                "batch_slowdown": draw(st.floats(0, 0.3)),
+                "kv_cache_tokens": kv,
+            },
+            "hybrid_replica": {
+                "devices": 1,
+                "tokens_per_s": draw(st.floats(5, 100)),
+                "batch_slowdown": draw(st.floats(0, 0.3)),
+            },
+            "trainer": {"device_s_per_token": draw(st.floats(0.0005, 0.02)), "step_overhead_s": draw(st.floats(0, 2))},
+            "switch": {k: draw(st.floats(0, 3)) for k in ("standalone_sync_s", "hybrid_sync_s", "wake_s", "sleep_s")},
+            "runs": [run],
+        }
+    )
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_bound_never_beaten_and_samples_conserved(sc):
+    _check_invariants(simulate(sc))
+
+
+def test_zero_switch_cost_and_ideal_rates_approach_the_bound():
+    sc = Scenario.from_dict(
+        {
+            "name": "ideal",
+            "steps": 40,
+            "required_samples": 32,
+            "trigger_parameter_sync_step": 2,
+            "staleness_threshold": 1.0,
+            "concurrent_samples_per_replica": 8,
+            "lengths": {"mean_tokens": 400, "sigma": 0.3, "prompt_tokens": 0},
+            "replica": {"devices": 1, "tokens_per_s": 50.0, "batch_slowdown": 0.0},
+            "trainer": {"device_s_per_token": 0.004},
+            "switch": SwitchCosts.zero().__dict__,
+            "runs": [
+                {"name": "static_3_1", "train_devices": 3, "rollout_devices": 1},
+                {"name": "dynamic", "train_devices": 3, "rollout_devices": 1, "hybrid": True, "policy": "rate_matched"},
+            ],
+        }
+    )
+    result = simulate(sc)
+    _check_invariants(result)
+    assert result.run("static_3_1").efficiency < 0.7  # rollout-bound without help
+    assert result.run("dynamic").efficiency > 0.93  # free switching closes almost all of it
+
+
+@pytest.mark.parametrize("sequencing", ["seed", "overlap_sync"])
+def test_colocated_mode_only_hybrid(sequencing):
+    sc = tiny_scenario(
+        runs=[
+            {
+                "name": "colocated",
+                "train_devices": 2,
+                "rollout_devices": 0,
+                "hybrid": True,
+                "policy": "static_fully_async",
+                "sequencing": sequencing,
+            }
+        ]
+    )
+    result = simulate(sc)
+    _check_invariants(result)
+    assert result.run("colocated").activations == sc.steps  # at start, then after every sync but the last
+
+
+def test_overlap_sync_hides_the_hybrid_wake_and_sync_under_the_standalone_sync():
+    base = {"train_devices": 2, "rollout_devices": 2, "hybrid": True, "policy": "default"}
+    sc = tiny_scenario(runs=[{"name": "seed_seq", **base}, {"name": "overlap", **base, "sequencing": "overlap_sync"}])
+    result = simulate(sc)
+    seed_seq, overlap = result.run("seed_seq"), result.run("overlap")
+    assert seed_seq.activations > 1 and overlap.activations > 1
+    # only the startup activation (no standalone sync to hide it under) still syncs on the critical path
+    assert overlap.breakdown_s["weight_sync_hybrid"] == pytest.approx(sc.switch.hybrid_sync_s)
+    switch_seed = seed_seq.breakdown_s["hybrid_switching"] + seed_seq.breakdown_s["weight_sync_hybrid"]
+    switch_overlap = overlap.breakdown_s["hybrid_switching"] + overlap.breakdown_s["weight_sync_hybrid"]
+    assert switch_overlap / overlap.activations < switch_seed / seed_seq.activations
