@@ -9,17 +9,17 @@ How it counts:
 - **achieved GB/s** = serialized bytes of the full weights × number of replicas / wall seconds of the whole push
   (trainer-side bucketing + hashing + ``ray.put``, fan-out, each replica copying into its staging file, vLLM's
   in-place reload, the worker's hashing and read-back, all replicas done). Median over the timed pushes (the first
-  push, which also sizes the staging files, is reported separately).
-- **memcpy GB/s** = the same tensors copied once, in this process, two ways: ``torch.clone`` of every tensor (a fresh
-  destination, as a receiver needs) and ``Tensor.copy_`` into preallocated warm tensors (raw memory bandwidth).
-  Best of several runs each.
+  push warms the object store and is reported but not counted).
+- **memcpy GB/s** = the same tensors copied once, in this process, on one thread, two ways: ``torch.clone`` of every
+  tensor (a fresh destination, as a receiver needs) and ``Tensor.copy_`` into preallocated warm tensors (raw memory
+  bandwidth). Best of several runs each.
 
 The LAST line is ``ratio: X.XX`` = achieved / clone memcpy GB/s (target >= 0.5); the line before it gives the
 ratio against warm ``copy_`` too.
 
 Usage::
 
-    python benchmarks/weight_sync.py [--hidden 512 --layers 5 --repeats 5 --bucket-mb 64]
+    python benchmarks/weight_sync.py [--hidden 512 --layers 5 --repeats 5 --bucket-mb 32]
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ def memcpy_gbps(tensors: list[Any], runs: int = 5) -> tuple[float, float]:
     import torch
 
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # memcpy is one thread; torch's 2-thread copies collapse when a core is busy
     best_clone = best_copy = float("inf")
     dst = [torch.empty_like(t) for t in tensors]
     for _ in range(runs):
@@ -51,6 +53,7 @@ def memcpy_gbps(tensors: list[Any], runs: int = 5) -> tuple[float, float]:
         for d, t in zip(dst, tensors):
             d.copy_(t)
         best_copy = min(best_copy, time.perf_counter() - t0)
+    torch.set_num_threads(threads)
     return nbytes / best_clone / 1e9, nbytes / best_copy / 1e9
 
 
@@ -112,11 +115,12 @@ async def bench(args: argparse.Namespace, model_dir: Path, rt: Any) -> None:
         assert set(rep.replica_checksums.values()) == {rep.checksum} != {expected}
         info = [(await r.health())["last_update"] for r in replicas]
         print(
-            f"push {i + 1}{' (first: sizes staging)' if i == 0 else ''}: {rep.seconds * 1e3:.0f} ms, "
-            f"{rep.gb_per_s:.2f} GB/s, {rep.num_buckets} buckets; trainer prepare {rep.prepare_seconds * 1e3:.0f} ms; "
+            f"push {i + 1}{' (warm-up, not counted)' if i == 0 else ''}: {rep.seconds * 1e3:.0f} ms, "
+            f"{rep.gb_per_s:.2f} GB/s, {rep.num_buckets} buckets; trainer ray.put {rep.prepare_seconds * 1e3:.0f} ms; "
             + "; ".join(
-                f"{rid} {s * 1e3:.0f} ms (engine load {u.get('load_s', 0) * 1e3:.0f} ms, hash "
-                f"{u.get('hash_s', 0) * 1e3:.0f} ms)"
+                f"{rid} {s * 1e3:.0f} ms (in engine {u.get('seconds', 0) * 1e3:.0f}: "
+                + ", ".join(f"{k} {u.get(k + '_s', 0) * 1e3:.0f}" for k in ("begin", "stage", "load", "hash", "finish"))
+                + " ms)"
                 for (rid, s), u in zip(rep.per_replica_seconds.items(), info)
             )
         )
@@ -140,7 +144,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=5)
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--bucket-mb", type=int, default=64)
+    parser.add_argument("--bucket-mb", type=int, default=32)
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "lhr-bench-weight-sync")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)

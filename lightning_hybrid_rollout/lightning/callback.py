@@ -321,7 +321,11 @@ class HybridRolloutCallback(Callback):
                 f"[lhr] cycle {self.cycles_done + 1}: hybrid replicas deactivated after waiting "
                 f"{wait['s']:.2f}s for {res.wait_samples} samples (switch {res.deactivate_duration_s:.3f}s)"
             )
-            self._runtime.trace_event("trainer", "wait_for_enough_samples", self._cycle.start_s, wait["s"])
+            rt = self._runtime
+            t_wait = self._cycle.start_s
+            rt.trace_phase("waiting", t_wait, t_wait + wait["s"], hybrid=True)
+            t_sw = time.monotonic() - res.deactivate_duration_s
+            rt.trace_phase("switching", t_sw, t_sw + res.deactivate_duration_s, op="deactivate")
 
     def _wait_queue(self, n: int) -> None:
         rt = self._runtime
@@ -345,6 +349,8 @@ class HybridRolloutCallback(Callback):
         samples = rt.queue.get_batch(n, timeout=self.wait_timeout_s)
         waited = time.monotonic() - t0
         self._step_fetch_s = waited
+        hybrid_on = bool(self._controller is not None and self._controller.is_hybrid_active)
+        rt.trace_phase("waiting", t0, t0 + waited, hybrid=hybrid_on)
         self._cycle.step_wait_times.append(waited)
         self._cycle.step_wait_samples.append(max(0, n - queue_before))
         self.samples_consumed += len(samples)
@@ -357,6 +363,7 @@ class HybridRolloutCallback(Callback):
         step_s = time.monotonic() - self._step_start
         if trainer.is_global_zero:
             self._cycle.compute_s.append(max(0.0, step_s - self._step_fetch_s))
+            self._runtime.trace_phase("training", self._step_start + self._step_fetch_s, time.monotonic())
             self._log(pl_module, "rollout/mq_size_step", float(self._runtime.queue.size()), prog_bar=False)
         if not self._is_cycle_end(trainer):
             return
@@ -367,7 +374,9 @@ class HybridRolloutCallback(Callback):
         pl_module.param_version = self.param_version
         sync_s = 0.0
         if trainer.is_global_zero:
+            t_sync = time.monotonic()
             sync_s = self._runtime.push_standalone(self._cycle_weights, self.param_version)
+            self._runtime.trace_phase("weight_sync", t_sync, time.monotonic(), target="standalone")
             self.call_log.append("sync_standalone")
             stats = self._runtime.rollouter.reset_staleness()
             self._runtime.rollouter.update_weight_version(self.param_version)
@@ -388,6 +397,8 @@ class HybridRolloutCallback(Callback):
         if not self._offload_broadcast_done:
             self._broadcast(trainer, "stay")
         if end.activated:
+            t_sw = time.monotonic() - end.activate_duration_s
+            self._runtime.trace_phase("switching", t_sw, t_sw + end.activate_duration_s, op="activate")
             self.call_log.append("activate")
             self._record_switch("activate", end.activate_duration_s)
             rank_zero_info(f"[lhr] cycle {global_steps}: hybrid replicas activated ({end.activate_duration_s:.3f}s)")
@@ -507,7 +518,7 @@ class HybridRolloutCallback(Callback):
         }
         for name, value in values.items():
             self._log(pl_module, name, value, prog_bar=name in (M.MQ_SIZE, M.HYBRID_ACTIVE))
-        self._runtime.trace_counter("mq_size", now, values[M.MQ_SIZE])
+        self._runtime.trace_cycle(self.cycles_done, now, values)
         self._cycle = _CycleTimes(start_s=now)
 
     def _hybrid_devices(self, trainer: Trainer) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from lightning.pytorch.cli import LightningCLI
@@ -36,9 +36,17 @@ def cli_main(args: Sequence[str], run: bool = True) -> LightningCLI:
     import lightning_hybrid_rollout.lightning  # noqa: F401  (registers the hybrid strategies)
     from lightning_hybrid_rollout.lightning.data import RolloutDataModule
     from lightning_hybrid_rollout.lightning.module import GRPOModule
+    from lightning_hybrid_rollout.lightning.progress import add_default_progress_bar
 
     class HybridRolloutCLI(LightningCLI):
-        """LightningCLI with the GRPO module and the rollout-fed data module as defaults."""
+        """LightningCLI with the GRPO module, the rollout-fed data module and the hybrid progress bar as defaults."""
+
+        def instantiate_trainer(self, **kwargs: Any) -> Any:
+            cfg = self._get(self.config_init, "trainer", default={})
+            kwargs.setdefault(
+                "callbacks", add_default_progress_bar(cfg.get("callbacks"), cfg.get("enable_progress_bar"))
+            )
+            return super().instantiate_trainer(**kwargs)
 
     return HybridRolloutCLI(
         model_class=GRPOModule,

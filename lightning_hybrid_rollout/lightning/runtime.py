@@ -113,32 +113,31 @@ class HybridReplicaPool:
     def wake_up_replicas(self) -> None:
         self.calls.append("wake_up_replicas")
         self._rt.before_wake()
-        t0 = time.monotonic()
+        self._rt.set_state(self.ids, "switching")
         self._all(lambda r: r.wake_up())
         self.awake = True
-        self._rt.trace_span_all(self.ids, "waking", t0, time.monotonic())
 
     def sync_weights(self) -> None:
         self.calls.append("sync_weights")
-        t0 = time.monotonic()
+        self._rt.set_state(self.ids, "syncing")
         self._rt.push(self._rt.weights(), self.replicas, self._rt.weight_version())
-        self._rt.trace_span_all(self.ids, "syncing", t0, time.monotonic())
+        self._rt.set_state(self.ids, "switching")
 
     def add_replicas(self) -> None:
         self.calls.append("add_replicas")
         self._rt.rollouter.add_replicas(self.replicas, paused=True)
         self.registered = True
-        self._active_since = time.monotonic()
 
     def resume_generation_replicas(self) -> None:
         self.calls.append("resume_generation_replicas")
         self._rt.rollouter.resume_generation_replicas(self.ids)
+        self._rt.set_state(self.ids, "active")
 
     def remove_replicas(self) -> None:
         self.calls.append("remove_replicas")
         if self.registered:
             self._rt.rollouter.remove_replicas(self.ids)
-            self._rt.trace_span_all(self.ids, "active", getattr(self, "_active_since", time.monotonic()), None)
+        self._rt.set_state(self.ids, "switching")
 
     def abort_replicas(self) -> None:
         self.calls.append("abort_replicas")
@@ -149,6 +148,7 @@ class HybridReplicaPool:
         self.calls.append("sleep_replicas")
         self._all(lambda r: r.sleep())
         self.awake = False
+        self._rt.set_state(self.ids, "parked")
 
     def rebalance_requests(self) -> None:
         self.calls.append("rebalance_requests")
@@ -203,10 +203,11 @@ class RolloutRuntime:
             try:
                 from lightning_hybrid_rollout.trace import TraceWriter
 
-                self._trace = TraceWriter(self.run_dir / "trace.json")
+                self._trace = TraceWriter(self.run_dir / "trace.json", metadata={"run": self.run_dir.name})
             except ImportError:  # pragma: no cover - trace module optional
                 self._trace = None
         self._t0 = time.monotonic()
+        self._states: dict[str, tuple[str, float]] = {}
 
     # ----------------------------------------------------------------------------------------------- lifecycle
 
@@ -272,6 +273,9 @@ class RolloutRuntime:
         self.hybrid = [h for h in handles if h.role == "hybrid"]
         if self.hybrid:
             self.pool._all(lambda h: h.sleep())  # hybrid replicas start parked, outside the load balancer
+        self._describe_tracks(s_cores, h_cores)
+        self.set_state([h.replica_id for h in self.standalone], "active")
+        self.set_state([h.replica_id for h in self.hybrid], "parked")
         log.info(
             "rollout runtime up in %.1fs: %d standalone (cores %s), %d hybrid (cores %s)",
             time.monotonic() - t0,
@@ -311,8 +315,7 @@ class RolloutRuntime:
                     self.ray.shutdown()
             finally:
                 self.loop.close()
-                if self._trace is not None:
-                    self._trace.close()
+                self._close_trace()
 
     def check_health(self) -> None:
         """Raise the rollouter's error, if it failed."""
@@ -344,27 +347,65 @@ class RolloutRuntime:
 
     def push_standalone(self, weights: list[tuple[str, Any]] | None, version: int) -> float:
         """Weight sync to every standalone replica (always, each parameter version)."""
-        t0 = time.monotonic()
-        seconds = self.push(weights or [], self.standalone, version)
-        self.trace_span_all([r.replica_id for r in self.standalone], "syncing", t0, time.monotonic())
-        return seconds
+        ids = [r.replica_id for r in self.standalone]
+        self.set_state(ids, "syncing")
+        try:
+            return self.push(weights or [], self.standalone, version)
+        finally:
+            self.set_state(ids, "active")
 
     # ----------------------------------------------------------------------------------------------- trace
+    # Conventions of lightning_hybrid_rollout.trace: replica/<kind>_<i> tracks named by state, trainer/trainer
+    # named by phase, queue_depth / in_flight counters, one step_metrics event per sync cycle.
 
     def _ts(self, t: float) -> float:
-        return t - self._t0
+        return max(0.0, t - self._t0)
 
-    def trace_span_all(self, tracks: Sequence[str], name: str, start: float, end: float | None) -> None:
+    @staticmethod
+    def trace_track(replica_id: str) -> str:
+        """``standalone-0`` -> ``replica/standalone_0``."""
+        return "replica/" + replica_id.replace("-", "_")
+
+    def _describe_tracks(self, s_cores: list[list[int]], h_cores: list[list[int]]) -> None:
         if self._trace is None:
             return
-        end = time.monotonic() if end is None else end
-        for track in tracks:
-            self._trace.span(track, name, self._ts(start), self._ts(end), {})
+        for i, cores in enumerate(s_cores):
+            self._trace.describe_track(self.trace_track(f"standalone-{i}"), kind="standalone", devices=cores)
+        for i, cores in enumerate(h_cores):
+            self._trace.describe_track(self.trace_track(f"hybrid-{i}"), kind="hybrid", devices=cores)
+        self._trace.describe_track("trainer/trainer", kind="trainer", devices=sorted({c for h in h_cores for c in h}))
 
-    def trace_event(self, track: str, name: str, start: float, duration: float) -> None:
-        if self._trace is not None:
-            self._trace.span(track, name, self._ts(start), self._ts(start + duration), {})
+    def set_state(self, replica_ids: Sequence[str], state: str, t: float | None = None) -> None:
+        """Close each replica's current state span and open ``state`` (trace only)."""
+        if self._trace is None:
+            return
+        now = time.monotonic() if t is None else t
+        for rid in replica_ids:
+            prev = self._states.get(rid)
+            if prev is not None and prev[0] != state:
+                self._trace.span(self.trace_track(rid), prev[0], self._ts(prev[1]), self._ts(now))
+            if prev is None or prev[0] != state:
+                self._states[rid] = (state, now)
 
-    def trace_counter(self, name: str, t: float, value: float) -> None:
-        if self._trace is not None:
-            self._trace.counter(name, self._ts(t), value)
+    def trace_phase(self, phase: str, start: float, end: float, **args: Any) -> None:
+        """A trainer phase span (``waiting``, ``training``, ``weight_sync``, ``switching``)."""
+        if self._trace is not None and end > start:
+            self._trace.span("trainer/trainer", phase, self._ts(start), self._ts(end), args)
+
+    def trace_cycle(self, step: int, t: float, metrics: dict[str, float]) -> None:
+        """Queue depth / in-flight counters and the cycle's ``dynamic_resource/*`` metrics."""
+        if self._trace is None:
+            return
+        self._trace.counter("queue_depth", self._ts(t), self.queue.size())
+        if self.rollouter is not None:
+            self._trace.counter("in_flight", self._ts(t), self.rollouter.in_flight)
+        self._trace.step_metrics(step, self._ts(t), metrics)
+
+    def _close_trace(self) -> None:
+        if self._trace is None:
+            return
+        now = time.monotonic()
+        for rid, (state, since) in list(self._states.items()):
+            self._trace.span(self.trace_track(rid), state, self._ts(since), self._ts(now))
+        self._states.clear()
+        self._trace.close()

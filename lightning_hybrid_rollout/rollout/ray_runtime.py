@@ -226,7 +226,11 @@ class RayRuntime:
         self.session_dir = None
         self._pids.clear()
         if self.started_local and self._own_temp:
-            shutil.rmtree(self.temp_dir, ignore_errors=True)
+            for _ in range(3):  # a dying Ray process may still write a last log line
+                shutil.rmtree(self.temp_dir, ignore_errors=True)
+                if not os.path.exists(self.temp_dir):
+                    break
+                time.sleep(0.5)
         self.started_local = False
         return killed
 

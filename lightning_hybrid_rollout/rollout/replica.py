@@ -84,6 +84,25 @@ def _process_tree_cpu_seconds(pid: int) -> dict[str, float]:
     return out
 
 
+def make_gpu_placement_group(
+    num_replicas: int, gpus_per_replica: float = 1.0, cpus_per_replica: int = 1, strategy: str = "PACK"
+) -> Any:
+    """A Ray placement group with one ``{"GPU": g, "CPU": c}`` bundle per replica (GPU path; pass it and the bundle
+    index in :class:`ReplicaSpec`). Blocks until the group is ready (raises if the cluster cannot fit it in 60 s)."""
+    import ray
+    from ray.util.placement_group import placement_group
+
+    pg = placement_group([{"GPU": gpus_per_replica, "CPU": cpus_per_replica}] * num_replicas, strategy=strategy)
+    try:
+        ray.get(pg.ready(), timeout=60)
+    except Exception as e:
+        raise RuntimeError(
+            f"placement group for {num_replicas} replicas x {gpus_per_replica} GPU + {cpus_per_replica} CPU did not "
+            f"become ready in 60 s; cluster resources: {ray.cluster_resources()}"
+        ) from e
+    return pg
+
+
 @dataclass
 class ReplicaSpec:
     """How to start one replica.
@@ -118,7 +137,7 @@ class ReplicaSpec:
 
     def actor_env(self) -> dict[str, str]:
         """Environment of the actor process (inherited by the engine core it spawns)."""
-        env = dict(self.engine.process_env())
+        env = dict(self.engine.process_env(on_cuda=self.gpus > 0))
         env["OMP_NUM_THREADS"] = str(max(1, self.cpus))
         env["RAY_DEDUP_LOGS"] = "0"
         if self.engine.run_dir:
@@ -176,6 +195,12 @@ class ReplicaActor:
 
     async def begin_weight_update(self, version: int, total_bytes: int = 0) -> None:
         await self.engine.begin_weight_update(version, total_bytes)
+
+    async def load_weight_bucket(self, bucket: Any) -> dict[str, Any]:
+        return await self.engine.load_weight_bucket(bucket)
+
+    async def abort_weight_update(self) -> None:
+        await self.engine.abort_weight_update()
 
     async def load_weight_ipc(self, blob: bytes) -> dict[str, Any]:
         return await self.engine.load_weight_ipc(blob)
@@ -340,8 +365,9 @@ class ReplicaHandle:
         return await self._call("weights_checksum")
 
     async def call(self, method: str, *args: Any) -> Any:
-        """Call any other actor method (the GPU weight transports: ``begin_weight_update``, ``load_weight_ipc``,
-        ``init_nccl_group``, ``load_weight_nccl``, ``finish_weight_update``), with the same dead-actor handling."""
+        """Call any other actor method with the same dead-actor handling: the streamed weight update
+        (``begin_weight_update``, ``load_weight_bucket``, ``finish_weight_update``, ``abort_weight_update``) and the GPU
+        transports (``load_weight_ipc``, ``init_nccl_group``, ``load_weight_nccl``)."""
         return await self._call(method, *args)
 
     async def health(self) -> dict[str, Any]:

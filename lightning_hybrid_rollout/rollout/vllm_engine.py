@@ -39,6 +39,7 @@ import contextlib
 import logging
 import mmap
 import os
+import shutil
 import tempfile
 import time
 import uuid
@@ -83,6 +84,7 @@ class VLLMEngineConfig:
         run_dir: Where TMPDIR / the vLLM cache point (vLLM leaves socket files behind); default: a temp dir.
         staging_dir: Directory of the shared-memory weight staging file (default ``/dev/shm`` if present).
         abort_timeout_s: How long to wait for aborted requests to drain before a weight update / park proceeds.
+        update_timeout_s: A weight update not finished this long after it began is aborted (driver died mid-sync).
         verify_initial_weights: At start, hash the checkpoint on disk and read back the engine's materialized
             parameters against it, so :meth:`VLLMEngine.weights_checksum` is meaningful before the first sync.
         presize_staging: At start, size (and fault in) the shared-memory staging file for the checkpoint's size, so
@@ -107,6 +109,7 @@ class VLLMEngineConfig:
     run_dir: str | None = None
     staging_dir: str | None = None
     abort_timeout_s: float = 30.0
+    update_timeout_s: float = 600.0
     verify_initial_weights: bool = True
     presize_staging: bool = True
     extra_engine_args: dict[str, Any] = field(default_factory=dict)
@@ -120,10 +123,14 @@ class VLLMEngineConfig:
         """Effective sleep-mode flag."""
         return self.on_cuda if self.enable_sleep_mode is None else bool(self.enable_sleep_mode and self.on_cuda)
 
-    def process_env(self) -> dict[str, str]:
-        """Environment variables the engine needs set *before* it starts (the engine core process inherits them)."""
+    def process_env(self, on_cuda: bool | None = None) -> dict[str, str]:
+        """Environment variables the engine needs set *before* it starts (the engine core process inherits them).
+
+        Args:
+            on_cuda: Whether the engine's process will see a GPU (default: whether this process does).
+        """
         env: dict[str, str] = {"VLLM_NO_USAGE_STATS": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
-        if not self.on_cuda:
+        if not (self.on_cuda if on_cuda is None else on_cuda):
             if self.single_process:
                 env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
             if self.disable_torch_compile:
@@ -216,8 +223,9 @@ class VLLMEngine:
         self._ready = asyncio.Event()
         self._update_lock = asyncio.Lock()
         self._update: dict[str, Any] | None = None
+        self._update_watchdog: asyncio.Future[None] | None = None
         self._staging = _Staging(config.staging_dir)
-        self._worker_staging_attached = False
+        self._tmp_dir: Path | None = None
         self._tokens_generated = 0
         self._sleep_seconds: list[float] = []
         self.timings: dict[str, float] = {}
@@ -251,7 +259,8 @@ class VLLMEngine:
         run_dir = Path(cfg.run_dir) if cfg.run_dir else Path(tempfile.gettempdir()) / "lhr-vllm"
         run_dir.mkdir(parents=True, exist_ok=True)
         os.environ.setdefault("VLLM_CACHE_ROOT", str(run_dir / "vllm-cache"))
-        os.environ["TMPDIR"] = str(short_tmp_dir(run_dir / "tmp"))
+        self._tmp_dir = short_tmp_dir(run_dir / "tmp" / uuid.uuid4().hex[:8])  # this engine's; removed at shutdown
+        os.environ["TMPDIR"] = str(self._tmp_dir)
         tempfile.tempdir = None  # re-read TMPDIR
         kwargs: dict[str, Any] = {
             "model": cfg.model,
@@ -312,6 +321,8 @@ class VLLMEngine:
         with contextlib.suppress(Exception):
             await asyncio.to_thread(llm.shutdown, timeout)
         self._staging.close()
+        if self._tmp_dir is not None:  # vLLM leaves its IPC socket files there
+            shutil.rmtree(self._tmp_dir, ignore_errors=True)
 
     # ---- generation -----------------------------------------------------------------------------------------------
     def _aborted_result(self, request_id: str, reason: str) -> GenerationResult:
@@ -475,19 +486,40 @@ class VLLMEngine:
             raise WeightLoadError(f"replica {self.replica_id}: engine is not running")
         if self.state == "parked" and self.config.sleep_mode():
             raise WeightLoadError(f"replica {self.replica_id}: engine is asleep (GPU); wake_up() before syncing")
+        t_begin = time.perf_counter()
         await self._update_lock.acquire()
+        resume_state = self.state if self.state in ("active", "parked") else "active"
         try:
-            resume_state = self.state if self.state in ("active", "parked") else "active"
             self.state = "syncing"
             self._ready.clear()
             await self._abort_all()
             if total_bytes > 0:
                 await self._ensure_staging(total_bytes)
             await self._rpc("lhr_begin_update")
-            self._update = {"version": version, "offset": 0, "resume": resume_state, "t0": time.perf_counter()}
+            self._update = {
+                "version": version,
+                "offset": 0,
+                "resume": resume_state,
+                "t0": t_begin,
+                "begin_s": time.perf_counter() - t_begin,
+                "stage_s": 0.0,
+            }
         except BaseException:
-            self._end_update(resume_state if "resume_state" in locals() else "active")
+            self._end_update(resume_state)
             raise
+        self._update_watchdog = asyncio.ensure_future(self._watch_update(self._update))
+
+    async def _watch_update(self, upd: dict[str, Any]) -> None:
+        """Abort an update nobody finishes (the driver died mid-sync): the engine must not stay blocked."""
+        await asyncio.sleep(self.config.update_timeout_s)
+        if self._update is upd:
+            logger.warning(
+                "replica %s: weight update v%s not finished after %.0f s; aborting it (weights now unknown)",
+                self.replica_id,
+                upd["version"],
+                self.config.update_timeout_s,
+            )
+            await self.abort_weight_update()
 
     async def _ensure_staging(self, nbytes: int, touch: bool = False) -> None:
         """Grow the shared staging file to ``nbytes`` (the worker maps the new one; the name is unlinked at once)."""
@@ -505,6 +537,9 @@ class VLLMEngine:
             np.frombuffer(self._staging.mm, dtype=np.uint8)[:] = 0
 
     def _end_update(self, state: str) -> None:
+        watchdog, self._update_watchdog = self._update_watchdog, None
+        if watchdog is not None and watchdog is not asyncio.current_task():
+            watchdog.cancel()
         self._update = None
         self.state = state  # type: ignore[assignment]
         self._ready.set()
@@ -520,6 +555,7 @@ class VLLMEngine:
         off = self._update["offset"]
         mm = self._staging.mm
         assert mm is not None
+        t = time.perf_counter()
         try:
             if hasattr(bucket, "write_into"):
                 n = bucket.nbytes
@@ -530,6 +566,7 @@ class VLLMEngine:
                 n = src.nbytes
                 self._check_room(off, n)
                 np.frombuffer(mm, dtype=np.uint8)[off : off + n] = src
+            self._update["stage_s"] += time.perf_counter() - t
             info = await self._rpc("lhr_load_bucket", off, n)
         except BaseException:
             await self.abort_weight_update()
@@ -573,6 +610,7 @@ class VLLMEngine:
         if self._update is None:
             raise WeightLoadError(f"replica {self.replica_id}: finish_weight_update() without begin")
         upd = self._update
+        t_finish = time.perf_counter()
         try:
             info = await self._rpc("lhr_finish_update")
             await self.llm.reset_prefix_cache()
@@ -589,6 +627,8 @@ class VLLMEngine:
         self._checksum = info["checksum"]
         self.weight_version = int(upd["version"])
         info["seconds"] = time.perf_counter() - upd["t0"]
+        info["finish_s"] = time.perf_counter() - t_finish
+        info["begin_s"], info["stage_s"] = upd["begin_s"], upd["stage_s"]
         self.last_update_info = info
         self._end_update(upd["resume"])
         logger.info(

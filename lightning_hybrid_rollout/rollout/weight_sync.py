@@ -6,7 +6,9 @@ How weights travel (CPU / any multi-node Ray cluster, the path tested here):
    layer is never split across buckets, so an engine can process each bucket's layers as soon as it arrives).
 2. Each bucket is a :class:`WeightBucket`: a safetensors header plus the tensors' raw bytes as zero-copy numpy views.
    It is ``ray.put`` **once**; Ray stores it in its shared-memory object store and every replica on that node
-   maps the same object (other nodes fetch one copy each).
+   maps the same object (other nodes fetch one copy each). Buckets stream: while the trainer puts bucket k+1 the
+   replicas already load bucket k (each replica: ``begin_weight_update`` → ``load_weight_bucket`` × n →
+   ``finish_weight_update``).
 3. Each replica actor writes header + payload into its engine's shared-memory staging file (the bytes now form a
    valid safetensors file) and the vLLM worker loads zero-copy tensor views from it
    (see :mod:`lightning_hybrid_rollout.rollout.vllm_engine`).
@@ -27,6 +29,7 @@ it catches corruption, truncation, stale or missing tensors, reordering and rena
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -58,7 +61,7 @@ except ImportError:  # pragma: no cover - exercised only where xxhash is missing
 
     HASH_ALGO = "blake2b128"
 
-DEFAULT_BUCKET_BYTES = 256 * 2**20
+DEFAULT_BUCKET_BYTES = 32 * 2**20
 
 _ST_DTYPES: dict[torch.dtype, str] = {
     torch.float64: "F64",
@@ -320,8 +323,8 @@ class SyncReport:
         num_replicas: Replicas the weights went to.
         num_buckets: Buckets the weights were cut into.
         seconds: Wall time of the whole push (trainer-side packing + ``ray.put`` + all replicas loaded and verified).
-        prepare_seconds: Trainer-side part before the fan-out (bucketing, ``ray.put``; the trainer's hashing runs
-            concurrently with the replicas' loading).
+        prepare_seconds: Trainer-side ``ray.put`` time (bucket after bucket, overlapping the replicas' loading of
+            the previous buckets; the trainer's hashing also runs concurrently).
         per_replica_seconds: ``replica_id -> seconds`` from the start of the fan-out to that replica's verified load.
         checksum: The trainer-side :func:`checksum_state`.
         replica_checksums: ``replica_id -> checksum`` as reported by each replica.
@@ -411,23 +414,54 @@ async def push_weights_async(
     plans = plan_buckets(items, bucket_bytes)
     buckets = [make_bucket(b, index=i, metadata={"version": str(version)}) for i, b in enumerate(plans)]
     total = sum(b.nbytes for b in buckets)
-    refs = [ray.put(b) for b in buckets] if replicas else []
-    per_replica_refs: dict[str, list[Any]] = {}
-    if bucket_hook is not None:
-        for r in replicas:
-            own = []
-            for b, ref in zip(buckets, refs):
-                nb = bucket_hook(r.replica_id, b)
-                own.append(ref if nb is b else ray.put(nb))
-            per_replica_refs[r.replica_id] = own
-    prepare = time.perf_counter() - t0
+    # what each replica gets (the test hook may swap in a tampered bucket for one replica)
+    per_replica = {
+        r.replica_id: [bucket_hook(r.replica_id, b) if bucket_hook else b for b in buckets] for r in replicas
+    }
+    loop = asyncio.get_running_loop()
+    refs = {rid: [loop.create_future() for _ in buckets] for rid in per_replica}
+    put_seconds = 0.0
+
+    async def producer() -> None:
+        """``ray.put`` bucket after bucket (each shared bucket once) while the replicas load the previous ones."""
+        nonlocal put_seconds
+        t = time.perf_counter()
+        try:
+            for i, b in enumerate(buckets):
+                shared = await asyncio.to_thread(ray.put, b)
+                for rid, lst in per_replica.items():
+                    own = shared if lst[i] is b else await asyncio.to_thread(ray.put, lst[i])
+                    refs[rid][i].set_result(own)
+        except BaseException as e:
+            for futs in refs.values():
+                for f in futs:
+                    if not f.done():
+                        f.set_exception(RuntimeError(f"trainer-side ray.put failed: {e!r}"))
+            raise
+        finally:
+            put_seconds = time.perf_counter() - t
 
     async def one(r: ReplicaHandle) -> tuple[str, float]:
         s = time.perf_counter()
-        got = await r.update_weights(per_replica_refs.get(r.replica_id, refs), version)
+        mine = per_replica[r.replica_id]
+        await r.call("begin_weight_update", version, sum(b.nbytes for b in mine))
+        try:
+            for fut in refs[r.replica_id]:
+                await r.call("load_weight_bucket", await fut)  # a top-level ref: Ray hands a zero-copy view
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await r.call("abort_weight_update")
+            raise
+        got = await r.call("finish_weight_update")
         return got, time.perf_counter() - s
 
+    producing = asyncio.ensure_future(producer()) if replicas else None
     results = await asyncio.gather(*(one(r) for r in replicas), return_exceptions=True)
+    if producing is not None:
+        with contextlib.suppress(Exception):  # a failed put already failed every replica's load (reported below)
+            await producing
+    refs.clear()
+    prepare = put_seconds
     checksum = expected_checksum if checksum_job is None else await checksum_job
     report = SyncReport(
         version=version,

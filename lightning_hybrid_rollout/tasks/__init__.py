@@ -40,6 +40,13 @@ def build_tiny_model(*args: Any, **kwargs: Any) -> Any:
     return _build(*args, **kwargs)
 
 
+def warm_up_format(*args: Any, **kwargs: Any) -> Any:
+    """Lazy re-export of :func:`lightning_hybrid_rollout.tasks.tiny_model.warm_up_format`."""
+    from lightning_hybrid_rollout.tasks.tiny_model import warm_up_format as _warm
+
+    return _warm(*args, **kwargs)
+
+
 __all__ = [
     "EOS_TOKEN",
     "SPECIAL_TOKENS",
@@ -52,4 +59,5 @@ __all__ = [
     "build_tiny_model",
     "clean_response",
     "get_task",
+    "warm_up_format",
 ]

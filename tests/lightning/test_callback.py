@@ -202,3 +202,18 @@ def test_fsdp2_with_two_devices_trains_and_syncs(model_dir: Path, tmp_path: Path
     assert rep["world_size"] == 2 and rep["global_step"] == 4
     assert rep["param_version"] == 2
     assert "offload" in rep["call_log"] and "onload" in rep["call_log"]
+
+
+def test_lhr_report_renders_the_run_trace_to_pngs(dynamic_run: dict[str, Any]) -> None:
+    from lightning_hybrid_rollout.sim.cli import report_main
+    from lightning_hybrid_rollout.trace import load_trace
+
+    trace = load_trace(Path(dynamic_run["root"]) / "trace.json")
+    tracks = {s.track for s in trace.spans}
+    assert {"replica/standalone_0", "replica/hybrid_0", "trainer/trainer"} <= tracks, tracks
+    assert {s.name for s in trace.spans_of("trainer/trainer")} >= {"training", "weight_sync"}
+    assert trace.steps, "no per-cycle dynamic_resource metrics in the trace"
+    out = Path(dynamic_run["root"]) / "plots"
+    assert report_main([dynamic_run["root"], "--out", str(out)]) == 0
+    pngs = sorted(out.glob("*.png"))
+    assert len(pngs) >= 3 and all(p.stat().st_size > 5000 for p in pngs), pngs
