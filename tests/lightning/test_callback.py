@@ -217,3 +217,16 @@ def test_lhr_report_renders_the_run_trace_to_pngs(dynamic_run: dict[str, Any]) -
     assert report_main([dynamic_run["root"], "--out", str(out)]) == 0
     pngs = sorted(out.glob("*.png"))
     assert len(pngs) >= 3 and all(p.stat().st_size > 5000 for p in pngs), pngs
+
+
+def test_docs_callback_example_runs(tmp_path: Path) -> None:
+    """The python block of docs/callback.md, run for 2 steps (everything else as written)."""
+    text = (HERE.parents[1] / "docs" / "callback.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0].replace("max_steps=100", "max_steps=2")
+    script = tmp_path / "example.py"
+    script.write_text('if __name__ == "__main__":\n' + "".join(f"    {line}\n" for line in code.splitlines()))
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=900, env=dict(os.environ)
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (tmp_path / "runs" / "demo" / "model" / "config.json").exists()
