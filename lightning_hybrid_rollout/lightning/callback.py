@@ -130,6 +130,8 @@ class HybridRolloutCallback(Callback):
         self.generated_offset = 0
         self.switch_events: list[dict[str, Any]] = []
         self.call_log: list[str] = []
+        self.last_cycle_metrics: dict[str, float] = {}
+        self._metrics: dict[str, Any] = {}
 
     # --------------------------------------------------------------------------------------------- properties
 
@@ -246,6 +248,7 @@ class HybridRolloutCallback(Callback):
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._make_metrics(trainer)
         resumed = self._pending_state is not None
         pl_module.param_version = self.param_version
         # Engines loaded the model from disk (version 0). On resume, push the restored weights first.
@@ -368,7 +371,6 @@ class HybridRolloutCallback(Callback):
         if not self._is_cycle_end(trainer):
             return
         # ---- weight sync to standalone (always), then the activation decision
-        t0 = time.monotonic()
         self._gather_weights(trainer)
         self.param_version += 1
         pl_module.param_version = self.param_version
@@ -382,10 +384,11 @@ class HybridRolloutCallback(Callback):
             self._runtime.rollouter.update_weight_version(self.param_version)
             self.cycles_done += 1
             end = self._after_sync(trainer, global_steps=self.cycles_done)
-            self._log_cycle(trainer, pl_module, stats, sync_s, end, time.monotonic() - t0)
+            self._emit_cycle(trainer, self._cycle_inputs(stats, sync_s, end))
         else:
             self.cycles_done += 1
             self._follow_offload(trainer)
+            self._emit_cycle(trainer, None)
         self._cycle_weights = None
 
     def _after_sync(self, trainer: Trainer, global_steps: int) -> Any:
@@ -479,47 +482,86 @@ class HybridRolloutCallback(Callback):
             name, float(value), on_step=True, on_epoch=False, rank_zero_only=True, prog_bar=prog_bar, batch_size=1
         )
 
-    def _log_cycle(
-        self, trainer: Trainer, pl_module: LightningModule, stats: Any, sync_s: float, end: Any, boundary_s: float
-    ) -> None:
+    def _make_metrics(self, trainer: Trainer) -> None:
+        """The seed's §4 metrics as sum-then-divide torchmetrics objects (one set per rank)."""
+        self._metrics = {
+            M.TRAIN_RESOURCE_UTILIZATION: M.TrainResourceUtilization(),
+            M.ROLLOUT_RESOURCE_UTILIZATION: M.RolloutResourceUtilization(),
+            M.RESOURCE_UTILIZATION: M.ClusterResourceUtilization(
+                self._hybrid_devices(trainer), self._standalone_devices()
+            ),
+            M.MQ_SIZE: M.LastValueMetric(),
+            M.STEP_GENERATED_SAMPLES: M.CounterMetric(),
+        }
+        for metric in self._metrics.values():
+            metric.to(trainer.strategy.root_device)
+
+    def _cycle_inputs(self, stats: Any, sync_s: float, end: Any) -> dict[str, Any]:
+        """Rank 0's measurements of the cycle that just ended (seed §4 inputs + our extras)."""
         now = time.monotonic()
         c = self._cycle
-        allocated_s = now - c.start_s
-        compute_s = sum(c.compute_s)
-        history = list(getattr(stats, "history", []) or [])
-        u_train = M.train_resource_utilization(compute_s, allocated_s)
-        u_rollout = M.rollout_resource_utilization(history)
-        wait_s = c.wait_for_enough_samples_s if c.deactivated else 0.0
-        u_cluster = M.cluster_resource_utilization(
-            u_train,
-            u_rollout,
-            wait_s,
-            allocated_s,
-            self._hybrid_devices(trainer),
-            self.rollout.standalone_replicas * self.rollout.cpus_per_replica,
-        )
-        values = {
-            M.TRAIN_RESOURCE_UTILIZATION: u_train,
-            M.ROLLOUT_RESOURCE_UTILIZATION: u_rollout,
-            M.RESOURCE_UTILIZATION: u_cluster,
-            M.TRAIN_COMPUTE_TIME_S: compute_s,
-            M.TRAIN_ALLOCATED_TIME_S: allocated_s,
-            M.MQ_SIZE: float(self._runtime.queue.size()),
-            M.STEP_GENERATED_SAMPLES: float(getattr(stats, "step_generated_samples", 0)),
-            M.ACTIVATE_DURATION_S: end.cycle_activate_duration_s,
-            M.DEACTIVATE_DURATION_S: end.cycle_deactivate_duration_s,
-            M.WEIGHT_SYNC_TIME_S: sync_s,
-            M.HYBRID_SYNC_SKIPPED: float(self.hybrid_sync_skipped),
-            M.HYBRID_ACTIVE: float(self._controller.is_hybrid_active) if self._controller else 0.0,
-            "dynamic_resource/deactivate_ratio": float(self.policy.deactivate_ratio),
-            "dynamic_resource/param_version": float(self.param_version),
-            "dynamic_resource/offload_s": float(getattr(self, "_last_offload_s", 0.0)),
-            "dynamic_resource/onload_s": float(getattr(self, "_last_onload_s", 0.0)),
+        inputs = {
+            "now": now,
+            "compute_s": sum(c.compute_s),
+            "allocated_s": now - c.start_s,
+            "history": list(getattr(stats, "history", []) or []),
+            "wait_s": c.wait_for_enough_samples_s if c.deactivated else 0.0,
+            "mq_size": float(self._runtime.queue.size()),
+            "generated": float(getattr(stats, "step_generated_samples", 0)),
+            "extra": {
+                M.ACTIVATE_DURATION_S: end.cycle_activate_duration_s,
+                M.DEACTIVATE_DURATION_S: end.cycle_deactivate_duration_s,
+                M.WEIGHT_SYNC_TIME_S: sync_s,
+                M.HYBRID_SYNC_SKIPPED: float(self.hybrid_sync_skipped),
+                M.HYBRID_ACTIVE: float(self._controller.is_hybrid_active) if self._controller else 0.0,
+                "dynamic_resource/deactivate_ratio": float(self.policy.deactivate_ratio),
+                "dynamic_resource/param_version": float(self.param_version),
+                "dynamic_resource/offload_s": float(getattr(self, "_last_offload_s", 0.0)),
+                "dynamic_resource/onload_s": float(getattr(self, "_last_onload_s", 0.0)),
+            },
         }
-        for name, value in values.items():
-            self._log(pl_module, name, value, prog_bar=name in (M.MQ_SIZE, M.HYBRID_ACTIVE))
-        self._runtime.trace_cycle(self.cycles_done, now, values)
         self._cycle = _CycleTimes(start_s=now)
+        return inputs
+
+    def _emit_cycle(self, trainer: Trainer, inputs: dict[str, Any] | None) -> None:
+        """Update, reduce (collective: every rank calls it) and log the cycle's metrics.
+
+        Rank 0 feeds its measurements, other ranks feed nothing (zeros), so the sum-then-divide reduction yields the
+        cycle's values on every rank. Logged straight to ``trainer.loggers`` at this step (as Lightning's own
+        ``LearningRateMonitor`` does), so a per-cycle value is written once, not repeated on every later step.
+        """
+        i = inputs or {"compute_s": 0.0, "allocated_s": 0.0, "history": [], "wait_s": 0.0, "mq_size": 0.0}
+        m = self._metrics
+        m[M.TRAIN_RESOURCE_UTILIZATION].update(i["compute_s"], i["allocated_s"])
+        m[M.ROLLOUT_RESOURCE_UTILIZATION].update(i["history"])
+        m[M.RESOURCE_UTILIZATION].update(
+            compute_s=i["compute_s"],
+            allocated_s=i["allocated_s"],
+            history=i["history"],
+            wait_s=i["wait_s"],
+            step_s=i["allocated_s"],
+        )
+        m[M.MQ_SIZE].update(i["mq_size"])
+        m[M.STEP_GENERATED_SAMPLES].update(i.get("generated", 0.0))
+        values = {name: float(metric.compute()) for name, metric in m.items()}
+        for metric in m.values():
+            metric.reset()
+        if inputs is None:
+            return
+        values[M.TRAIN_COMPUTE_TIME_S] = i["compute_s"]
+        values[M.TRAIN_ALLOCATED_TIME_S] = i["allocated_s"]
+        values.update(i["extra"])
+        for logger in trainer.loggers:
+            logger.log_metrics(values, step=trainer.fit_loop.epoch_loop._batches_that_stepped)
+        for name in (M.MQ_SIZE, M.HYBRID_ACTIVE, M.RESOURCE_UTILIZATION):
+            trainer.callback_metrics[name] = torch.tensor(values[name])
+        self.last_cycle_metrics = values
+        self._runtime.trace_cycle(self.cycles_done, i["now"], values)
+
+    def _standalone_devices(self) -> int:
+        r = self.rollout
+        per_replica = r.gpus_per_replica if r.gpus_per_replica > 0 else r.cpus_per_replica
+        return round(r.standalone_replicas * per_replica)
 
     def _hybrid_devices(self, trainer: Trainer) -> int:
         return trainer.world_size if self.rollout.hybrid_replicas > 0 else 0

@@ -173,7 +173,9 @@ class RayRuntime:
 
         me = os.getpid()
         out = []
-        markers = [m for m in (self.session_dir, self.temp_dir if self.started_local else None) if m]
+        # A joined cluster's session dir also names its own daemons (raylet, agents, GCS): only our replicas' pids
+        # count then. A local cluster is ours entirely.
+        markers = [m for m in (self.session_dir, self.temp_dir) if m] if self.started_local else []
         for p in psutil.process_iter(["pid", "cmdline", "status"]):
             try:
                 if p.pid == me or p.info["status"] == psutil.STATUS_ZOMBIE:
