@@ -505,6 +505,11 @@ class RolloutDataModule(LightningDataModule):
         adv_eps: ``eps`` of :func:`group_advantages`.
         normalize_std: ``normalize_std`` of :func:`group_advantages`.
         source: Optional batch source to start with (tests, custom loops).
+        val_task: Task whose held-out prompts ``lhr validate`` / ``trainer.validate`` scores (greedy answers,
+            the task's reward); ``None`` disables validation.
+        val_prompts: Number of held-out prompts.
+        val_batch_size: Prompts per validation batch.
+        val_seed: Seed of the held-out prompt stream (different from the rollout's default seed 0).
 
     Example::
 
@@ -520,8 +525,14 @@ class RolloutDataModule(LightningDataModule):
         adv_eps: float = 1e-6,
         normalize_std: bool = True,
         source: BatchSource | None = None,
+        val_task: str | None = None,
+        val_prompts: int = 64,
+        val_batch_size: int = 64,
+        val_seed: int = 10_000,
     ) -> None:
         super().__init__()
+        if val_prompts < 1 or val_batch_size < 1:
+            raise ValueError(f"val_prompts and val_batch_size must be >= 1, got {val_prompts}, {val_batch_size}")
         self.save_hyperparameters(ignore=["source"])
         self.iterable = QueueBatchIterable(
             source=source,
@@ -551,3 +562,19 @@ class RolloutDataModule(LightningDataModule):
     @override
     def train_dataloader(self) -> DataLoader:
         return DataLoader(self.iterable, batch_size=None, num_workers=0, collate_fn=_identity)
+
+    @override
+    def val_dataloader(self) -> DataLoader | list:
+        """Held-out task prompts (lists of ``{"prompt", "metadata"}``) for a greedy-accuracy validation."""
+        if self.hparams.val_task is None:
+            return []
+        from lightning_hybrid_rollout.tasks import get_task
+
+        task = get_task(self.hparams.val_task)
+        prompts = [
+            {"prompt": p.prompt, "metadata": dict(p.metadata)}
+            for p in task.sample_prompts(self.hparams.val_prompts, seed=self.hparams.val_seed)
+        ]
+        size = self.hparams.val_batch_size
+        batches = [prompts[i : i + size] for i in range(0, len(prompts), size)]
+        return DataLoader(batches, batch_size=None, num_workers=0, collate_fn=_identity)

@@ -185,6 +185,33 @@ class GRPOModule(LightningModule):
             raise RuntimeError("the policy model is not built yet: it is loaded in configure_model() (trainer.fit)")
         return self.model
 
+    def validation_step(self, batch: Sequence[Any], batch_idx: int) -> Tensor:
+        """Greedy answers to held-out task prompts, scored by the task's reward; logs ``val/reward``.
+
+        Args:
+            batch: ``{"prompt": str, "metadata": dict}`` items (see :meth:`RolloutDataModule.val_dataloader`).
+            batch_idx: Index of the batch.
+        """
+        from transformers import AutoTokenizer
+
+        from lightning_hybrid_rollout.tasks import get_task
+
+        if getattr(self, "_val_tokenizer", None) is None:
+            self._val_tokenizer = AutoTokenizer.from_pretrained(self.hparams.model_path)
+        tok = self._val_tokenizer
+        model = self.policy_model
+        rewards = []
+        for item in batch:
+            ids = torch.tensor([tok.encode(item["prompt"])], device=self.device)
+            out = model.generate(
+                ids, max_new_tokens=8, do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+            )
+            text = tok.decode(out[0, ids.shape[1] :].tolist(), skip_special_tokens=False)
+            rewards.append(get_task(item["metadata"]["task"]).reward(text, item["metadata"]))
+        reward = torch.tensor(sum(rewards) / max(1, len(rewards)), device=self.device)
+        self.log("val/reward", reward, batch_size=len(rewards), prog_bar=True)
+        return reward
+
     @override
     def configure_model(self) -> None:
         if self.model is not None:

@@ -474,3 +474,19 @@ def test_add_default_progress_bar_respects_a_users_bar_and_enable_progress_bar()
     assert add_default_progress_bar([other, users_bar]) == [other, users_bar]
     assert add_default_progress_bar([other], enable_progress_bar=False) == [other]
     assert issubclass(HybridRolloutProgressBar, RichProgressBar)
+
+
+def test_lhr_validate_scores_greedy_answers_on_held_out_prompts(tmp_path: Path, quickstart: dict[str, Any]) -> None:
+    from lightning_hybrid_rollout.tasks.tiny_model import build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path / "model", hidden=64, layers=1, seed=0)
+    config = copy.deepcopy(quickstart)
+    config["trainer"]["default_root_dir"] = str(tmp_path / "run")
+    config["trainer"]["logger"] = False
+    config["trainer"]["callbacks"] = []
+    config["model"]["init_args"]["model_path"] = str(model_dir)
+    config["data"]["init_args"]["val_prompts"] = 8
+    path = _write(tmp_path, config, "validate.yaml")
+    cli_obj = cli.cli_main(["validate", "--config", str(path)])
+    reward = float(cli_obj.trainer.callback_metrics["val/reward"])
+    assert 0.0 <= reward <= 1.0
