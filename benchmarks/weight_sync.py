@@ -110,17 +110,20 @@ async def bench(args: argparse.Namespace, model_dir: Path, rt: Any) -> None:
         with torch.no_grad():
             for _, t in named:
                 t.mul_(1.0001)  # new weights every push
-        rep = await push_weights_async(named, replicas, version=i + 1, bucket_bytes=args.bucket_mb * 2**20)
+        rep = await push_weights_async(
+            named, replicas, version=i + 1, bucket_bytes=args.bucket_mb * 2**20, transport=args.transport
+        )
         reports.append(rep)
         assert set(rep.replica_checksums.values()) == {rep.checksum} != {expected}
         info = [(await r.health())["last_update"] for r in replicas]
         print(
             f"push {i + 1}{' (warm-up, not counted)' if i == 0 else ''}: {rep.seconds * 1e3:.0f} ms, "
-            f"{rep.gb_per_s:.2f} GB/s, {rep.num_buckets} buckets; trainer ray.put {rep.prepare_seconds * 1e3:.0f} ms; "
+            f"{rep.gb_per_s:.2f} GB/s, {rep.num_buckets} buckets, {rep.transport}; "
+            f"trainer-side write {rep.prepare_seconds * 1e3:.0f} ms; "
             + "; ".join(
                 f"{rid} {s * 1e3:.0f} ms (in engine {u.get('seconds', 0) * 1e3:.0f}: "
                 + ", ".join(f"{k} {u.get(k + '_s', 0) * 1e3:.0f}" for k in ("begin", "stage", "load", "hash", "finish"))
-                + " ms)"
+                + f" ms, {u.get('page_faults', 0)} page faults)"
                 for (rid, s), u in zip(rep.per_replica_seconds.items(), info)
             )
         )
@@ -145,6 +148,7 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--bucket-mb", type=int, default=32)
+    parser.add_argument("--transport", choices=("auto", "ray", "node_shm"), default="auto")
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "lhr-bench-weight-sync")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)

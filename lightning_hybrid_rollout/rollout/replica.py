@@ -202,6 +202,12 @@ class ReplicaActor:
     async def abort_weight_update(self) -> None:
         await self.engine.abort_weight_update()
 
+    async def attach_node_staging(self, path: str, size: int, inode: int) -> bool:
+        return await self.engine.attach_node_staging(path, size, inode)
+
+    async def load_weight_from_node_staging(self, offset: int, nbytes: int) -> dict[str, Any]:
+        return await self.engine.load_weight_from_node_staging(offset, nbytes)
+
     async def load_weight_ipc(self, blob: bytes) -> dict[str, Any]:
         return await self.engine.load_weight_ipc(blob)
 
@@ -366,7 +372,8 @@ class ReplicaHandle:
 
     async def call(self, method: str, *args: Any) -> Any:
         """Call any other actor method with the same dead-actor handling: the streamed weight update
-        (``begin_weight_update``, ``load_weight_bucket``, ``finish_weight_update``, ``abort_weight_update``) and the GPU
+        (``begin_weight_update``, ``load_weight_bucket``, ``attach_node_staging``, ``load_weight_from_node_staging``,
+        ``finish_weight_update``, ``abort_weight_update``) and the GPU
         transports (``load_weight_ipc``, ``init_nccl_group``, ``load_weight_nccl``)."""
         return await self._call(method, *args)
 

@@ -10,8 +10,10 @@ Weights (see :mod:`.weight_sync` for the trainer side): the frontend owns a shar
 its name is unlinked as soon as both processes mapped it, so nothing leaks if the actor is killed). A weight update
 is a session: :meth:`VLLMEngine.begin_weight_update` aborts in-flight requests and holds new ones back,
 :meth:`VLLMEngine.load_weight_bucket` copies each safetensors bucket into the staging file (one copy) and the
-worker feeds zero-copy views of it to vLLM's layer-wise in-place reload; :meth:`VLLMEngine.finish_weight_update`
-finalizes the reload and returns the worker's verification:
+worker feeds zero-copy views of it to vLLM's layer-wise in-place reload (a replica on the trainer's node instead
+maps the trainer's node staging file once, :meth:`VLLMEngine.attach_node_staging`, and loads each bucket straight
+from it with :meth:`VLLMEngine.load_weight_from_node_staging`: no copy on this side);
+:meth:`VLLMEngine.finish_weight_update` finalizes the reload and returns the worker's verification:
 
 - ``checksum``: :func:`~.weight_sync.checksum_state` of the tensors the *worker* received and fed to
   ``load_weights`` (HF names, so it is comparable with the trainer's);
@@ -39,6 +41,7 @@ import contextlib
 import logging
 import mmap
 import os
+import resource
 import shutil
 import tempfile
 import time
@@ -89,6 +92,10 @@ class VLLMEngineConfig:
             parameters against it, so :meth:`VLLMEngine.weights_checksum` is meaningful before the first sync.
         presize_staging: At start, size (and fault in) the shared-memory staging file for the checkpoint's size, so
             the first weight sync is as fast as the next ones (costs that much shared memory per engine).
+        keep_freed_memory: CPU: tell glibc (``MALLOC_*`` variables of the engine process) to keep freed memory
+            rather than return it to the OS. A weight sync frees and reallocates every linear layer's packed weights;
+            without this each sync page-faults them in afresh, which made the reload up to 3x slower (measured in
+            ``benchmarks/weight_sync.py``). The engine then keeps about one model's size of freed memory.
         extra_engine_args: More ``AsyncEngineArgs`` fields.
     """
 
@@ -112,6 +119,7 @@ class VLLMEngineConfig:
     update_timeout_s: float = 600.0
     verify_initial_weights: bool = True
     presize_staging: bool = True
+    keep_freed_memory: bool = True
     extra_engine_args: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -131,6 +139,12 @@ class VLLMEngineConfig:
         """
         env: dict[str, str] = {"VLLM_NO_USAGE_STATS": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
         if not (self.on_cuda if on_cuda is None else on_cuda):
+            if self.keep_freed_memory:
+                # glibc: serve allocations up to 32 MiB from the heap and keep freed heap memory instead of returning
+                # it to the OS, so every weight sync's reload reuses warm pages instead of page-faulting fresh ones
+                env["MALLOC_MMAP_THRESHOLD_"] = str(32 * 2**20)
+                env["MALLOC_TRIM_THRESHOLD_"] = str(2**40)
+                env["MALLOC_TOP_PAD_"] = str(64 * 2**20)
             if self.single_process:
                 env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
             if self.disable_torch_compile:
@@ -225,6 +239,7 @@ class VLLMEngine:
         self._update: dict[str, Any] | None = None
         self._update_watchdog: asyncio.Future[None] | None = None
         self._staging = _Staging(config.staging_dir)
+        self._node_staging: tuple[str, int] | None = None
         self._tmp_dir: Path | None = None
         self._tokens_generated = 0
         self._sleep_seconds: list[float] = []
@@ -574,6 +589,37 @@ class VLLMEngine:
         self._update["offset"] = off + n
         return info
 
+    async def attach_node_staging(self, path: str, size: int, inode: int) -> bool:
+        """Map the trainer's node-local shared-memory staging file (see ``weight_sync.NodeStaging``) in the worker.
+
+        Returns False when the file is not visible here (the replica runs on another node) or is not the one the
+        trainer made (``inode`` differs): the caller then sends this replica its buckets through Ray instead.
+        """
+        if self.llm is None:
+            raise WeightLoadError(f"replica {self.replica_id}: engine is not running")
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        if st.st_ino != inode or st.st_size < size:
+            return False
+        if self._node_staging != (path, size):
+            await self._rpc("lhr_attach_node_staging", path, size)
+            self._node_staging = (path, size)
+        return True
+
+    async def load_weight_from_node_staging(self, offset: int, nbytes: int) -> dict[str, Any]:
+        """Load the bucket the trainer wrote at ``offset`` of the node staging file (no copy on this side)."""
+        if self._update is None:
+            raise WeightLoadError(f"replica {self.replica_id}: load_weight_from_node_staging() outside begin/finish")
+        if self._node_staging is None:
+            raise WeightLoadError(f"replica {self.replica_id}: no node staging file attached")
+        try:
+            return await self._rpc("lhr_load_bucket", offset, nbytes, "node")
+        except BaseException:
+            await self.abort_weight_update()
+            raise
+
     def _check_room(self, off: int, n: int) -> None:
         if off + n > self._staging.size:
             raise WeightLoadError(
@@ -794,6 +840,19 @@ class LHRWorkerExtension:
             os.close(fd)
         return True
 
+    def lhr_attach_node_staging(self, path: str, size: int) -> bool:
+        """Map the trainer's node-local staging file (shared, not copied: the trainer wrote the buckets once)."""
+        old = getattr(self, "_lhr_node_mm", None)
+        if old is not None:
+            with contextlib.suppress(BufferError):
+                old.close()
+        fd = os.open(path, os.O_RDWR)
+        try:
+            self._lhr_node_mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        return True
+
     def lhr_begin_update(self) -> bool:
         """Start a layer-wise in-place reload session."""
         from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
@@ -808,6 +867,7 @@ class LHRWorkerExtension:
             "t0": time.perf_counter(),
             "load_s": 0.0,
             "hash_s": 0.0,
+            "minflt0": resource.getrusage(resource.RUSAGE_SELF).ru_minflt,
         }
         initialize_layerwise_reload(model)
         return True
@@ -838,13 +898,18 @@ class LHRWorkerExtension:
             upd["loaded"].update(loaded)
         return {"tensors": len(items)}
 
-    def lhr_load_bucket(self, offset: int, nbytes: int) -> dict[str, Any]:
-        """Load the safetensors blob at ``offset`` of the staging file (zero-copy views) into the model."""
+    def lhr_load_bucket(self, offset: int, nbytes: int, source: str = "staging") -> dict[str, Any]:
+        """Load the safetensors blob at ``offset`` of a staging file (zero-copy views) into the model.
+
+        ``source``: ``"staging"`` (this engine's own file, written by its frontend) or ``"node"`` (the trainer's
+        node-local file).
+        """
         from lightning_hybrid_rollout.rollout.weight_sync import parse_safetensors
 
-        if self._lhr_update is None or self._lhr_mm is None:
-            raise RuntimeError("lhr_load_bucket without lhr_begin_update / staging")
-        items, size = parse_safetensors(self._lhr_mm, offset)
+        mm = self._lhr_mm if source == "staging" else getattr(self, "_lhr_node_mm", None)
+        if self._lhr_update is None or mm is None:
+            raise RuntimeError(f"lhr_load_bucket without lhr_begin_update / {source} staging")
+        items, size = parse_safetensors(mm, offset)
         if size != nbytes:
             raise RuntimeError(f"bucket at {offset}: header says {size} bytes, frontend wrote {nbytes}")
         return {**self._lhr_feed(items), "bytes": nbytes}
@@ -910,6 +975,7 @@ class LHRWorkerExtension:
             "params": len(upd["params"]),
             "load_s": upd["load_s"],
             "hash_s": upd["hash_s"],
+            "page_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - upd["minflt0"],
         }
         errors = []
         if upd["loaded"] is not None:

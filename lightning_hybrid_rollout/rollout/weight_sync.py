@@ -5,13 +5,15 @@ How weights travel (CPU / any multi-node Ray cluster, the path tested here):
 1. The trainer's ``(name, tensor)`` pairs are cut into layer-aligned buckets of about ``bucket_bytes`` (a decoder
    layer is never split across buckets, so an engine can process each bucket's layers as soon as it arrives).
 2. Each bucket is a :class:`WeightBucket`: a safetensors header plus the tensors' raw bytes as zero-copy numpy views.
-   It is ``ray.put`` **once**; Ray stores it in its shared-memory object store and every replica on that node
-   maps the same object (other nodes fetch one copy each). Buckets stream: while the trainer puts bucket k+1 the
-   replicas already load bucket k (each replica: ``begin_weight_update`` → ``load_weight_bucket`` × n →
-   ``finish_weight_update``).
-3. Each replica actor writes header + payload into its engine's shared-memory staging file (the bytes now form a
-   valid safetensors file) and the vLLM worker loads zero-copy tensor views from it
-   (see :mod:`lightning_hybrid_rollout.rollout.vllm_engine`).
+   Replicas on the trainer's node (every hybrid replica; standalone ones placed there): the trainer writes the
+   bucket **once** into a node-local shared-memory file (:class:`NodeStaging`, reused across pushes) and every such
+   replica's vLLM worker loads zero-copy tensor views straight from it (``attach_node_staging`` once, then
+   ``load_weight_from_node_staging`` per bucket). Replicas on other nodes: the bucket is ``ray.put`` once; each
+   replica actor copies it into its engine's own shared-memory staging file and the worker loads views from that
+   (``load_weight_bucket``). Buckets stream: while the trainer writes bucket k+1 the replicas already load bucket k
+   (each replica: ``begin_weight_update`` → one load per bucket → ``finish_weight_update``).
+3. The worker feeds the views to vLLM's layer-wise in-place reload (see
+   :mod:`lightning_hybrid_rollout.rollout.vllm_engine`).
 4. Verification: the vLLM worker hashes the tensors it actually received and fed to ``load_weights`` (same
    :func:`checksum_state` as the trainer), checks that every model parameter was loaded, and reads back every
    parameter vLLM keeps materialized; the driver compares each replica's checksum with the trainer's and raises
@@ -29,12 +31,18 @@ it catches corruption, truncation, stale or missing tensors, reordering and rena
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import hashlib
 import json
 import logging
+import mmap
+import os
+import tempfile
 import time
+import uuid
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -311,6 +319,130 @@ def _add_view(
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# node-local shared memory (replicas on the trainer's node)
+# ---------------------------------------------------------------------------------------------------------------
+_NODE_STAGING_PREFIX = "lhr-node-weights-"
+
+
+def _sweep_stale_node_stagings(directory: str) -> None:
+    """Remove staging files left by trainer processes that died without cleaning up (their pid is gone)."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(directory):
+            if not name.startswith(_NODE_STAGING_PREFIX):
+                continue
+            pid_s = name[len(_NODE_STAGING_PREFIX) :].split("-", 1)[0]
+            if not pid_s.isdigit() or int(pid_s) == os.getpid():
+                continue
+            try:
+                os.kill(int(pid_s), 0)
+            except ProcessLookupError:
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(directory, name))
+            except PermissionError:  # another user's live process
+                pass
+
+
+class NodeStaging:
+    """A shared-memory file on the trainer's node that a push writes its buckets into **once**.
+
+    Every replica on the same node maps it (``attach_node_staging``) and its vLLM worker loads zero-copy views
+    straight from it, so a bucket costs one trainer-side copy however many local replicas there are, and no copy on
+    the replica side (the Ray path costs a ``ray.put`` copy plus one copy per replica into its engine's staging
+    file). The file is reused by later pushes (its pages stay resident: no page faults after the first push) and is
+    removed by :meth:`close`, at interpreter exit, or by the next trainer on this node if this process died.
+
+    Args:
+        directory: Where to create it (default ``/dev/shm``).
+    """
+
+    def __init__(self, directory: str | None = None) -> None:
+        if directory is None:
+            directory = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+        self.directory = directory or tempfile.gettempdir()
+        self.path: str | None = None
+        self.size = 0
+        self.inode = 0
+        self._mm: mmap.mmap | None = None
+        self._finalizer: weakref.finalize | None = None
+
+    def ensure(self, nbytes: int) -> None:
+        """Make the file at least ``nbytes`` long (a larger one replaces it: replicas re-attach by path)."""
+        if self._mm is not None and self.size >= nbytes:
+            return
+        self.close()
+        _sweep_stale_node_stagings(self.directory)
+        size = max(int(nbytes), 1 << 20)
+        path = os.path.join(self.directory, f"{_NODE_STAGING_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            self._mm = mmap.mmap(fd, size)
+            self.inode = os.fstat(fd).st_ino
+        finally:
+            os.close(fd)
+        self.path, self.size = path, size
+        self._finalizer = weakref.finalize(self, _unlink_quietly, path)
+        np.frombuffer(self._mm, dtype=np.uint8)[:] = 0  # fault the pages in now, not during the first push
+
+    def write(self, bucket: WeightBucket, offset: int) -> int:
+        """Copy ``bucket`` into the file at ``offset``; returns the bytes written."""
+        if self._mm is None or offset + bucket.nbytes > self.size:
+            raise ValueError(f"node staging: bucket of {bucket.nbytes} bytes at {offset} does not fit ({self.size})")
+        return bucket.write_into(np.frombuffer(self._mm, dtype=np.uint8), offset)
+
+    def view(self) -> np.ndarray:
+        """The file's bytes (tests use it to tamper with what the replicas will read)."""
+        if self._mm is None:
+            raise ValueError("node staging is not allocated")
+        return np.frombuffer(self._mm, dtype=np.uint8)
+
+    def close(self) -> None:
+        """Unlink and unmap (replicas keep their own mappings until they attach a newer file)."""
+        if self._finalizer is not None:
+            self._finalizer()
+            self._finalizer = None
+        if self._mm is not None:
+            with contextlib.suppress(BufferError):
+                self._mm.close()
+        self._mm, self.path, self.size, self.inode = None, None, 0, 0
+
+
+def _unlink_quietly(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+_FREE_NODE_STAGINGS: list[NodeStaging] = []
+
+
+def _acquire_node_staging() -> NodeStaging:
+    """A staging file no running push uses (concurrent pushes, e.g. standalone and hybrid, get separate files)."""
+    return _FREE_NODE_STAGINGS.pop() if _FREE_NODE_STAGINGS else NodeStaging()
+
+
+def _release_node_staging(staging: NodeStaging) -> None:
+    _FREE_NODE_STAGINGS.append(staging)
+
+
+def release_node_stagings() -> None:
+    """Free the node staging files kept for later pushes (call when the run ends; also runs at exit)."""
+    while _FREE_NODE_STAGINGS:
+        _FREE_NODE_STAGINGS.pop().close()
+
+
+atexit.register(release_node_stagings)
+
+
+def _driver_node_id() -> str:
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+    except Exception:  # pragma: no cover - Ray missing or not connected
+        return ""
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # the push
 # ---------------------------------------------------------------------------------------------------------------
 @dataclass
@@ -323,12 +455,15 @@ class SyncReport:
         num_replicas: Replicas the weights went to.
         num_buckets: Buckets the weights were cut into.
         seconds: Wall time of the whole push (trainer-side packing + ``ray.put`` + all replicas loaded and verified).
-        prepare_seconds: Trainer-side ``ray.put`` time (bucket after bucket, overlapping the replicas' loading of
-            the previous buckets; the trainer's hashing also runs concurrently).
+        prepare_seconds: Trainer-side time writing the buckets into the node staging file and/or ``ray.put`` (bucket
+            after bucket, overlapping the replicas' loading of the previous buckets; the trainer's hashing also runs
+            concurrently).
         per_replica_seconds: ``replica_id -> seconds`` from the start of the fan-out to that replica's verified load.
         checksum: The trainer-side :func:`checksum_state`.
         replica_checksums: ``replica_id -> checksum`` as reported by each replica.
-        transport: ``"ray_object_store"``, ``"cuda_ipc"`` or ``"nccl"``.
+        transport: ``"node_shm"``, ``"ray_object_store"`` (both joined by ``+`` when mixed), ``"cuda_ipc"`` or
+            ``"nccl"``.
+        per_replica_transport: ``replica_id -> "node_shm" | "ray_object_store"`` (CPU path).
     """
 
     version: int
@@ -341,6 +476,7 @@ class SyncReport:
     checksum: str = ""
     replica_checksums: dict[str, str] = field(default_factory=dict)
     transport: str = "ray_object_store"
+    per_replica_transport: dict[str, str] = field(default_factory=dict)
 
     @property
     def gb_per_s(self) -> float:
@@ -385,8 +521,15 @@ async def push_weights_async(
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     bucket_hook: BucketHook | None = None,
     expected_checksum: str | None = None,
+    transport: str = "auto",
+    staging_hook: Callable[[NodeStaging, int, int, int], None] | None = None,
 ) -> SyncReport:
-    """Push full weights to replicas through Ray's object store and verify every replica's checksum.
+    """Push full weights to replicas and verify every replica's checksum.
+
+    Replicas on the trainer's node load from one node-local shared-memory file the trainer writes each bucket into
+    once (:class:`NodeStaging`); replicas on other nodes get the buckets through Ray's object store (``ray.put``
+    once per bucket, a zero-copy view per replica on the same node as the object). Either way buckets stream: the
+    replicas load bucket k while the trainer writes bucket k+1.
 
     Args:
         named_tensors: The trainer's full (unsharded) weights with HF checkpoint names.
@@ -394,17 +537,25 @@ async def push_weights_async(
         version: The weight version the replicas will report after loading.
         bucket_bytes: Target bucket size.
         bucket_hook: Test hook: ``hook(replica_id, bucket) -> bucket``; a bucket it changes is ``ray.put`` separately
-            for that replica (how tests inject corruption).
+            for that replica (how tests inject corruption; such a replica always takes the Ray path).
         expected_checksum: Skip hashing on the trainer when the caller already knows the checksum.
+        transport: ``"auto"`` (node-local shared memory for replicas on this node, Ray for the others), ``"ray"``
+            (Ray's object store for every replica) or ``"node_shm"`` (shared memory; a replica that cannot map the
+            file fails the push instead of falling back).
+        staging_hook: Test hook: ``hook(staging, bucket_index, offset, nbytes)`` runs after the trainer wrote a
+            bucket into the node staging file, before the replicas read it.
 
     Returns:
-        A :class:`SyncReport`.
+        A :class:`SyncReport` (``per_replica_transport`` says which path each replica took).
 
     Raises:
         WeightSyncError: At least one replica failed to load or reported a checksum different from the trainer's.
+        ValueError: Unknown ``transport``.
     """
     import ray
 
+    if transport not in ("auto", "ray", "node_shm"):
+        raise ValueError(f"push_weights: transport must be 'auto', 'ray' or 'node_shm', got {transport!r}")
     t0 = time.perf_counter()
     items = _to_cpu_items(named_tensors)
     # the trainer-side checksum is only needed to judge the replicas' answers: hash while they load
@@ -413,41 +564,85 @@ async def push_weights_async(
     )
     plans = plan_buckets(items, bucket_bytes)
     buckets = [make_bucket(b, index=i, metadata={"version": str(version)}) for i, b in enumerate(plans)]
-    total = sum(b.nbytes for b in buckets)
+    offsets = [0]
+    for b in buckets:
+        offsets.append(offsets[-1] + b.nbytes)
+    total = offsets[-1]
     # what each replica gets (the test hook may swap in a tampered bucket for one replica)
     per_replica = {
         r.replica_id: [bucket_hook(r.replica_id, b) if bucket_hook else b for b in buckets] for r in replicas
     }
+    failures: dict[str, str] = {}
+    staging: NodeStaging | None = None
+    node_local: set[str] = set()
+    if transport != "ray" and replicas:
+        here = _driver_node_id()
+        candidates = [
+            r
+            for r in replicas
+            if all(x is y for x, y in zip(per_replica[r.replica_id], buckets))
+            and (transport == "node_shm" or (here and r.info.get("node_id") == here))
+        ]
+        if candidates:
+            staging = _acquire_node_staging()
+            staging.ensure(total)
+            attached = await asyncio.gather(
+                *(r.call("attach_node_staging", staging.path, staging.size, staging.inode) for r in candidates),
+                return_exceptions=True,
+            )
+            for r, ok in zip(candidates, attached):
+                if ok is True:
+                    node_local.add(r.replica_id)
+                elif transport == "node_shm":
+                    failures[r.replica_id] = (
+                        f"cannot map the trainer's node staging file {staging.path} ({ok!r}); is the replica on "
+                        f"another node? use transport='auto'"
+                    )
+    via_ray = [r.replica_id for r in replicas if r.replica_id not in node_local and r.replica_id not in failures]
     loop = asyncio.get_running_loop()
     refs = {rid: [loop.create_future() for _ in buckets] for rid in per_replica}
     put_seconds = 0.0
 
     async def producer() -> None:
-        """``ray.put`` bucket after bucket (each shared bucket once) while the replicas load the previous ones."""
+        """Write / ``ray.put`` bucket after bucket while the replicas load the previous ones."""
         nonlocal put_seconds
         t = time.perf_counter()
         try:
             for i, b in enumerate(buckets):
-                shared = await asyncio.to_thread(ray.put, b)
-                for rid, lst in per_replica.items():
-                    own = shared if lst[i] is b else await asyncio.to_thread(ray.put, lst[i])
-                    refs[rid][i].set_result(own)
+                if node_local:
+                    assert staging is not None
+                    await asyncio.to_thread(staging.write, b, offsets[i])
+                    if staging_hook is not None:
+                        staging_hook(staging, i, offsets[i], b.nbytes)
+                    for rid in node_local:
+                        refs[rid][i].set_result((offsets[i], b.nbytes))
+                if via_ray:
+                    shared = await asyncio.to_thread(ray.put, b)
+                    for rid in via_ray:
+                        lst = per_replica[rid]
+                        own = shared if lst[i] is b else await asyncio.to_thread(ray.put, lst[i])
+                        refs[rid][i].set_result(own)
         except BaseException as e:
             for futs in refs.values():
                 for f in futs:
                     if not f.done():
-                        f.set_exception(RuntimeError(f"trainer-side ray.put failed: {e!r}"))
+                        f.set_exception(RuntimeError(f"trainer-side bucket write / ray.put failed: {e!r}"))
             raise
         finally:
             put_seconds = time.perf_counter() - t
 
     async def one(r: ReplicaHandle) -> tuple[str, float]:
         s = time.perf_counter()
+        local = r.replica_id in node_local
         mine = per_replica[r.replica_id]
-        await r.call("begin_weight_update", version, sum(b.nbytes for b in mine))
+        await r.call("begin_weight_update", version, 0 if local else sum(b.nbytes for b in mine))
         try:
             for fut in refs[r.replica_id]:
-                await r.call("load_weight_bucket", await fut)  # a top-level ref: Ray hands a zero-copy view
+                got = await fut
+                if local:
+                    await r.call("load_weight_from_node_staging", *got)
+                else:
+                    await r.call("load_weight_bucket", got)  # a top-level ref: Ray hands a zero-copy view
         except BaseException:
             with contextlib.suppress(Exception):
                 await r.call("abort_weight_update")
@@ -455,14 +650,20 @@ async def push_weights_async(
         got = await r.call("finish_weight_update")
         return got, time.perf_counter() - s
 
-    producing = asyncio.ensure_future(producer()) if replicas else None
-    results = await asyncio.gather(*(one(r) for r in replicas), return_exceptions=True)
-    if producing is not None:
-        with contextlib.suppress(Exception):  # a failed put already failed every replica's load (reported below)
-            await producing
+    targets = [r for r in replicas if r.replica_id not in failures]
+    try:
+        producing = asyncio.ensure_future(producer()) if targets else None
+        results = await asyncio.gather(*(one(r) for r in targets), return_exceptions=True)
+        if producing is not None:
+            with contextlib.suppress(Exception):  # a failed write already failed every replica's load (below)
+                await producing
+    finally:
+        if staging is not None:
+            _release_node_staging(staging)
     refs.clear()
     prepare = put_seconds
     checksum = expected_checksum if checksum_job is None else await checksum_job
+    kinds = {"node_shm" if r.replica_id in node_local else "ray_object_store" for r in targets}
     report = SyncReport(
         version=version,
         bytes=total,
@@ -471,9 +672,10 @@ async def push_weights_async(
         seconds=time.perf_counter() - t0,
         prepare_seconds=prepare,
         checksum=checksum,
+        transport="+".join(sorted(kinds)) or "none",
     )
-    failures: dict[str, str] = {}
-    for r, res in zip(replicas, results):
+    for r, res in zip(targets, results):
+        report.per_replica_transport[r.replica_id] = "node_shm" if r.replica_id in node_local else "ray_object_store"
         if isinstance(res, BaseException):
             failures[r.replica_id] = f"load failed: {type(res).__name__}: {res}"
             continue
@@ -485,12 +687,13 @@ async def push_weights_async(
     if failures:
         raise WeightSyncError(failures, report)
     logger.info(
-        "weight sync v%d: %.1f MB x %d replicas in %.3f s (%.2f GB/s; prepare %.3f s)",
+        "weight sync v%d: %.1f MB x %d replicas in %.3f s (%.2f GB/s; %s; trainer-side write %.3f s)",
         version,
         total / 1e6,
         len(replicas),
         report.seconds,
         report.gb_per_s,
+        report.transport,
         prepare,
     )
     return report

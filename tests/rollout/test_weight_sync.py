@@ -12,6 +12,7 @@ import torch
 
 from lightning_hybrid_rollout.rollout.engine import SamplingSpec
 from lightning_hybrid_rollout.rollout.weight_sync import (
+    NodeStaging,
     SyncReport,
     WeightBucket,
     WeightSyncError,
@@ -128,6 +129,103 @@ def test_push_with_no_replicas_only_computes_the_checksum() -> None:
     assert rep.bytes > sum(v.numel() * v.element_size() for v in sd.values())
 
 
+class _ShmReplica:
+    """A pure-Python replica speaking the node-staging protocol: maps the trainer's file, parses, hashes."""
+
+    def __init__(self, replica_id: str, can_attach: bool = True) -> None:
+        self.replica_id = replica_id
+        self.info: dict[str, Any] = {}
+        self.can_attach = can_attach
+        self.mm: Any = None
+        self.digests: dict[str, str] = {}
+        self.calls: list[str] = []
+
+    async def call(self, method: str, *args: Any) -> Any:
+        import mmap
+        import os
+
+        from lightning_hybrid_rollout.rollout.weight_sync import combine_digests, tensor_digest
+
+        self.calls.append(method)
+        if method == "attach_node_staging":
+            path, size, inode = args
+            if not self.can_attach or os.stat(path).st_ino != inode:
+                return False
+            fd = os.open(path, os.O_RDONLY)
+            self.mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+            os.close(fd)
+            return True
+        if method == "begin_weight_update":
+            self.digests = {}
+        elif method == "load_weight_from_node_staging":
+            items, size = parse_safetensors(self.mm, args[0])
+            assert size == args[1]
+            self.digests.update({n: tensor_digest(n, t) for n, t in items})
+        elif method == "finish_weight_update":
+            return combine_digests(self.digests)
+        return None
+
+
+def test_node_staging_push_is_written_once_and_verified_per_replica(run_async) -> None:
+    sd = _state(5)
+    reps = [_ShmReplica("a"), _ShmReplica("b")]
+    rep = run_async(push_weights_async(sd, reps, version=7, bucket_bytes=1500, transport="node_shm"))
+    assert rep.num_buckets > 2 and rep.transport == "node_shm"
+    assert rep.per_replica_transport == {"a": "node_shm", "b": "node_shm"}
+    assert set(rep.replica_checksums.values()) == {checksum_state(sd)}
+    for r in reps:  # streamed: one load per bucket, never the Ray path
+        assert r.calls.count("load_weight_from_node_staging") == rep.num_buckets
+        assert "load_weight_bucket" not in r.calls
+
+
+def test_node_staging_corruption_fails_every_replica_reading_it(run_async) -> None:
+    sd = _state(6)
+
+    def flip(staging: NodeStaging, index: int, offset: int, nbytes: int) -> None:
+        if index == 0:
+            staging.view()[offset + nbytes - 3] ^= 0x01  # inside the last tensor's data of bucket 0
+
+    reps = [_ShmReplica("a"), _ShmReplica("b")]
+    with pytest.raises(WeightSyncError) as err:
+        run_async(push_weights_async(sd, reps, version=8, bucket_bytes=1500, transport="node_shm", staging_hook=flip))
+    assert set(err.value.failures) == {"a", "b"} and "checksum mismatch" in err.value.failures["a"]
+
+
+def test_node_shm_transport_names_a_replica_that_cannot_map_the_file(run_async) -> None:
+    reps = [_ShmReplica("near"), _ShmReplica("far", can_attach=False)]
+    with pytest.raises(WeightSyncError) as err:
+        run_async(push_weights_async(_state(), reps, version=9, transport="node_shm"))
+    assert set(err.value.failures) == {"far"}
+    assert "cannot map the trainer's node staging file" in err.value.failures["far"]
+    assert "transport='auto'" in err.value.failures["far"]
+    assert err.value.report is not None and err.value.report.replica_checksums["near"] == checksum_state(_state())
+
+
+def test_unknown_transport_is_rejected(run_async) -> None:
+    with pytest.raises(ValueError, match="transport must be 'auto', 'ray' or 'node_shm'"):
+        run_async(push_weights_async(_state(), [], version=1, transport="nfs"))
+
+
+def test_node_staging_is_reused_and_removed(tmp_path) -> None:
+    import os
+
+    st = NodeStaging(str(tmp_path))
+    st.ensure(10_000)
+    first = st.path
+    st.ensure(5_000)  # big enough: same file
+    assert st.path == first and os.path.exists(first)
+    st.ensure(3 << 20)  # grows: a new file replaces the old one
+    assert st.path != first and not os.path.exists(first) and st.size >= 3 << 20
+    second = st.path
+    st.close()
+    assert not os.path.exists(second)
+    # a file left by a dead trainer process is swept when the next staging is made
+    stale = tmp_path / "lhr-node-weights-999999999-deadbeef"
+    stale.write_bytes(b"x")
+    NodeStaging(str(tmp_path)).ensure(1)
+    assert not stale.exists()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # slow: real replicas
 # ---------------------------------------------------------------------------------------------------------------
@@ -177,9 +275,11 @@ def test_push_changes_generations_and_checksums_match(vllm_replicas, tiny_hf_mod
     assert ref_a != ref_b
 
     async def go() -> tuple[Any, ...]:
+        # replicas on the trainer's node load from the shared node staging file; transport="ray" forces the
+        # object-store path (what replicas on other nodes of a cluster take)
         rep_a = await push_weights_async(state_a, vllm_replicas, version=201, bucket_bytes=300_000)
         out_a = await _greedy(vllm_replicas, "a")
-        rep_b = await push_weights_async(state_b, vllm_replicas, version=202)
+        rep_b = await push_weights_async(state_b, vllm_replicas, version=202, transport="ray")
         out_b = await _greedy(vllm_replicas, "b")
         sums = [await r.weights_checksum() for r in vllm_replicas]
         versions = [(await r.health())["weight_version"] for r in vllm_replicas]
@@ -187,6 +287,8 @@ def test_push_changes_generations_and_checksums_match(vllm_replicas, tiny_hf_mod
 
     rep_a, out_a, rep_b, out_b, sums, versions = run_async(go())
     assert rep_a.num_buckets > 1 and rep_b.num_buckets == 1
+    assert rep_a.per_replica_transport == {"r0": "node_shm", "r1": "node_shm"}
+    assert rep_b.per_replica_transport == {"r0": "ray_object_store", "r1": "ray_object_store"}
     for rep, state in ((rep_a, state_a), (rep_b, state_b)):
         assert rep.checksum == checksum_state(state)
         assert set(rep.replica_checksums.values()) == {rep.checksum}
@@ -209,10 +311,20 @@ def test_corrupted_push_is_detected_and_named(vllm_replicas, tiny_hf_model, hf_r
         with pytest.raises(WeightSyncError) as err2:
             hook = _flip_one_byte("r0", "embed_tokens")
             await push_weights_async(state, vllm_replicas, version=302, bucket_hook=hook)
-        healed = await push_weights_async(state, vllm_replicas, version=303)  # a clean push repairs both
-        return err.value, err2.value, healed
+        # the shared node staging file corrupted after the trainer wrote it: every replica reading it refuses it
+        with pytest.raises(WeightSyncError) as err3:
 
-    err, err2, healed = run_async(go())
+            def flip(staging: Any, index: int, offset: int, nbytes: int) -> None:
+                if index == 0:
+                    staging.view()[offset + nbytes // 2] ^= 0x10
+
+            await push_weights_async(state, vllm_replicas, version=304, staging_hook=flip)
+        healed = await push_weights_async(state, vllm_replicas, version=305)  # a clean push repairs both
+        return err.value, err2.value, err3.value, healed
+
+    err, err2, err3, healed = run_async(go())
+    assert set(err3.failures) == {"r0", "r1"}
+    assert err.report is not None and err.report.per_replica_transport == {"r0": "node_shm", "r1": "ray_object_store"}
     assert set(err.failures) == {"r1"}
     assert f"replica r1: checksum mismatch: expected {expected}, got " in str(err)
     assert err.report is not None and err.report.replica_checksums["r0"] == expected
