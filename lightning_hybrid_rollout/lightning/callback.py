@@ -35,7 +35,7 @@ from lightning_hybrid_rollout.config import AsyncTrainingConfig, ConfigError, Ro
 from lightning_hybrid_rollout.rollout.sample import Sample
 from lightning_hybrid_rollout.schedule import (
     DynamicResourceController,
-    DynamicScheduleContext,
+    RateScheduleContext,
     create_policy,
 )
 
@@ -46,13 +46,18 @@ _STATE_VERSION = 1
 
 @dataclass
 class _CycleTimes:
-    """Wall-clock bookkeeping of one sync cycle (seed §4 inputs)."""
+    """Wall-clock bookkeeping of one sync cycle (seed §4 inputs and the ``RateScheduleContext`` measurements)."""
 
     start_s: float = 0.0
     compute_s: list[float] = field(default_factory=list)
     wait_for_enough_samples_s: float = 0.0
     step_wait_times: list[float] = field(default_factory=list)
     step_wait_samples: list[int] = field(default_factory=list)
+    step_queue_sizes: list[int] = field(default_factory=list)
+    trained_samples: int = 0
+    trained_tokens: int = 0
+    deactivate_wait_s: float = 0.0
+    deactivate_wait_samples: int = 0
     deactivated: bool = False
 
 
@@ -308,9 +313,12 @@ class HybridRolloutCallback(Callback):
         wait = {"s": 0.0}
 
         def wait_for_samples(n: int) -> None:
-            t0 = time.monotonic()
+            queue = self._runtime.queue
+            t0, put0 = time.monotonic(), queue.total_put
             self._wait_queue(n)
             wait["s"] = time.monotonic() - t0
+            self._cycle.deactivate_wait_s += wait["s"]
+            self._cycle.deactivate_wait_samples += max(0, queue.total_put - put0)
             self.call_log.append("deactivate_wait_samples")
 
         self.call_log.append("should_deactivate")
@@ -356,6 +364,9 @@ class HybridRolloutCallback(Callback):
         rt.trace_phase("waiting", t0, t0 + waited, hybrid=hybrid_on)
         self._cycle.step_wait_times.append(waited)
         self._cycle.step_wait_samples.append(max(0, n - queue_before))
+        self._cycle.step_queue_sizes.append(queue_before)
+        self._cycle.trained_samples += len(samples)
+        self._cycle.trained_tokens += sum(s.response_length for s in samples)
         self.samples_consumed += len(samples)
         return samples
 
@@ -393,10 +404,13 @@ class HybridRolloutCallback(Callback):
 
     def _after_sync(self, trainer: Trainer, global_steps: int) -> Any:
         assert self._controller is not None
-        ctx = self._context()
+        ctx = self._context(self._runtime.rollouter.take_role_window())
         self.call_log.append("should_activate_after_step")
         self._offload_broadcast_done = False
         end = self._controller.after_sync(global_steps, ctx)
+        if global_steps == 0:
+            # the start decision's own activation is not part of any cycle (as in the simulator)
+            self._runtime.rollouter.take_role_window()
         if not self._offload_broadcast_done:
             self._broadcast(trainer, "stay")
         if end.activated:
@@ -458,18 +472,44 @@ class HybridRolloutCallback(Callback):
 
     # ------------------------------------------------------------------------------------------------- context
 
-    def _context(self) -> DynamicScheduleContext:
+    def _context(self, window: Any = None) -> RateScheduleContext:
+        """The decision context, with the measurements of the cycle so far (rank 0).
+
+        A :class:`~lightning_hybrid_rollout.schedule.RateScheduleContext` for every policy (it extends the seed's
+        context; policies that do not read the extra fields are unaffected). The cycle fields cover the cycle since
+        the previous ``after_sync``: before a cycle's first step they are empty; at ``after_sync`` pass the
+        rollouter's :class:`~lightning_hybrid_rollout.rollout.rollouter.RoleWindow` for the per-role production.
+
+        Args:
+            window: The cycle's production window (``Rollouter.take_role_window()``), or None (not measured).
+        """
         a = self.async_training
         rt = self._runtime
-        return DynamicScheduleContext(
+        c = self._cycle
+        serving = window.serving_s if window is not None else {}
+        tokens = window.decoded_tokens if window is not None else {}
+        return RateScheduleContext(
             required_samples=a.required_samples,
             trigger_parameter_sync_step=a.trigger_parameter_sync_step,
             total_generated_samples=self.generated_offset + rt.rollouter.counters()["total_generated_samples"],
             expected_samples=self.samples_consumed,
             buffer_samples=a.buffer_samples,
-            step_wait_times=list(self._cycle.step_wait_times),
-            step_wait_samples=list(self._cycle.step_wait_samples),
+            step_wait_times=list(c.step_wait_times),
+            step_wait_samples=list(c.step_wait_samples),
             only_hybrid=a.only_hybrid,
+            queue_size=rt.queue.size(),
+            step_queue_sizes=list(c.step_queue_sizes),
+            cycle_train_compute_s=float(sum(c.compute_s)),
+            cycle_trained_samples=c.trained_samples,
+            cycle_trained_tokens=c.trained_tokens,
+            standalone_serving_s=float(serving.get("standalone", 0.0)),
+            standalone_decoded_tokens=float(tokens.get("standalone", 0)),
+            hybrid_serving_s=float(serving.get("hybrid", 0.0)),
+            hybrid_decoded_tokens=float(tokens.get("hybrid", 0)),
+            deactivate_wait_s=c.deactivate_wait_s,
+            deactivate_wait_samples=c.deactivate_wait_samples,
+            num_standalone_replicas=len(rt.standalone),
+            num_hybrid_replicas=len(rt.hybrid),
         )
 
     def _record_switch(self, kind: str, duration_s: float) -> None:

@@ -346,12 +346,21 @@ class RolloutRuntime:
         return time.monotonic() - t0
 
     def push_standalone(self, weights: list[tuple[str, Any]] | None, version: int) -> float:
-        """Weight sync to every standalone replica (always, each parameter version)."""
+        """Weight sync to every standalone replica (always, each parameter version).
+
+        The rollouter is told (:meth:`~lightning_hybrid_rollout.rollout.rollouter.Rollouter.set_syncing`), so the
+        sync does not count as standalone serving time.
+        """
         ids = [r.replica_id for r in self.standalone]
         self.set_state(ids, "syncing")
+        rollouter = self.rollouter
+        if rollouter is not None and ids:
+            rollouter.set_syncing(ids, True)
         try:
             return self.push(weights or [], self.standalone, version)
         finally:
+            if rollouter is not None and ids:
+                rollouter.set_syncing(ids, False)
             self.set_state(ids, "active")
 
     # ----------------------------------------------------------------------------------------------- trace

@@ -29,6 +29,12 @@ Flow control (DESIGN §3, seed §4.2):
 - utilization history: ``(t, active, cap)`` appended on every submit, completion, park/unpark during a pause and
   capacity change; :meth:`Rollouter.reset_staleness` closes the window and returns it with
   ``step_generated_samples`` (the input of ``metrics.rollout_resource_utilization``).
+
+Production per replica role (the ``rate_matched`` policy's inputs): tokens each role's replicas return (aborted
+partial segments included) and the seconds during which at least one replica of the role was serving (routable in
+the load balancer, not under a weight sync announced with :meth:`Rollouter.set_syncing`, rollouter started and not
+paused), read per sync cycle with :meth:`Rollouter.take_role_window`. The role of a replica is its ``role``
+attribute (``"standalone"`` when it has none).
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ from lightning_hybrid_rollout.rollout.sample import Sample
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+_ROLES = ("standalone", "hybrid")
 HistoryPoint = tuple[float, int, int]
 PromptItem = str | Mapping[str, Any]
 
@@ -84,6 +91,26 @@ class RolloutStepStats:
     admitted_samples: int
     staleness_samples: int
     param_version: int
+
+
+@dataclass
+class RoleWindow:
+    """Decode work per replica role between two :meth:`Rollouter.take_role_window` calls.
+
+    Args:
+        serving_s: ``role -> seconds`` during which at least one replica of the role was serving: routable in the
+            load balancer, not under a weight sync (:meth:`Rollouter.set_syncing`), the rollouter running and not
+            paused. Always has the ``"standalone"`` and ``"hybrid"`` keys.
+        decoded_tokens: ``role -> tokens`` the role's replicas returned in the window, aborted partial segments
+            included (they were decoded, even when ``partial_rollout=False`` throws them away).
+        start_s: Clock reading at the window's start.
+        end_s: Clock reading at the window's end.
+    """
+
+    serving_s: dict[str, float]
+    decoded_tokens: dict[str, int]
+    start_s: float
+    end_s: float
 
 
 @dataclass
@@ -244,6 +271,15 @@ class Rollouter:
         self._space: asyncio.Event | None = None
         self._drained = threading.Event()
         self._started = False
+        # production per replica role (cumulative; windows are differences), touched on the loop only
+        self._decoded_tokens: dict[str, int] = dict.fromkeys(_ROLES, 0)
+        self._serving_s: dict[str, float] = dict.fromkeys(_ROLES, 0.0)
+        self._serving_roles: frozenset[str] = frozenset()
+        self._serving_t: float | None = None
+        self._syncing: set[str] = set()
+        self._window_tokens0: dict[str, int] = dict(self._decoded_tokens)
+        self._window_serving0: dict[str, float] = dict(self._serving_s)
+        self._window_start: float | None = None
 
         self.load_balancer.add_listener(self._on_pool_change)
         self.message_queue.add_listener(self._on_queue_space)
@@ -371,6 +407,26 @@ class Rollouter:
             Number of requests aborted (and re-routed).
         """
         return self._call(self._rebalance_async(timeout))
+
+    def set_syncing(self, replica_ids: Sequence[str], syncing: bool) -> None:
+        """Mark replicas as under (or done with) a weight sync: their time does not count as serving.
+
+        The engines pause in place during a sync, so the load balancer keeps them registered; this only feeds the
+        per-role serving time of :meth:`take_role_window`.
+
+        Args:
+            replica_ids: Replica ids (registered or not).
+            syncing: True when the sync starts, False when it ends.
+        """
+        self._call(self._set_syncing_async(list(replica_ids), syncing))
+
+    def take_role_window(self) -> RoleWindow:
+        """Close the production window per replica role and start a new one now.
+
+        The first window starts at the first call of any control method (or :meth:`start`); serving time only
+        counts while the rollouter runs.
+        """
+        return self._call(self._take_role_window_async())
 
     def active_server_count(self) -> int:
         """Registered, alive replicas in the load balancer."""
@@ -501,6 +557,7 @@ class Rollouter:
     async def _main(self) -> None:
         assert self._wake is not None
         self._record()
+        self._tick_serving()
         for group in list(self._groups.values()):
             if group.done:
                 await self._deliver_group(group)
@@ -646,6 +703,8 @@ class Rollouter:
             finally:
                 lb.release(replica.replica_id, request_id)
             tokens = list(result.token_ids)
+            role = self._role(replica)
+            self._decoded_tokens[role] = self._decoded_tokens.get(role, 0) + len(tokens)
             logprobs = list(result.logprobs)
             overshoot = len(tokens) > remaining
             if overshoot:
@@ -781,6 +840,7 @@ class Rollouter:
 
     async def _pause_async(self, abort_in_flight: bool, timeout: float | None) -> int:
         self._paused = True
+        self._tick_serving()
         if self._gate is not None:
             self._gate.clear()
         if not abort_in_flight or self._gate is None:
@@ -789,6 +849,7 @@ class Rollouter:
 
     async def _resume_async(self) -> None:
         self._paused = False
+        self._tick_serving()
         if self._gate is not None:
             self._gate.set()
         self._kick()
@@ -810,6 +871,28 @@ class Rollouter:
         self._window_admitted = 0
         self._kick()
         return stats
+
+    async def _set_syncing_async(self, replica_ids: list[str], syncing: bool) -> None:
+        if syncing:
+            self._syncing.update(replica_ids)
+        else:
+            self._syncing.difference_update(replica_ids)
+        self._tick_serving()
+
+    async def _take_role_window_async(self) -> RoleWindow:
+        self._tick_serving()
+        now = self._serving_t if self._serving_t is not None else self._clock()
+        start = self._window_start if self._window_start is not None else now
+        window = RoleWindow(
+            serving_s={k: v - self._window_serving0.get(k, 0.0) for k, v in self._serving_s.items()},
+            decoded_tokens={k: v - self._window_tokens0.get(k, 0) for k, v in self._decoded_tokens.items()},
+            start_s=start,
+            end_s=now,
+        )
+        self._window_serving0 = dict(self._serving_s)
+        self._window_tokens0 = dict(self._decoded_tokens)
+        self._window_start = now
+        return window
 
     async def _set_version_async(self, version: int) -> None:
         self.param_version = int(version)
@@ -839,6 +922,7 @@ class Rollouter:
 
     async def _shutdown(self, abort_in_flight: bool, timeout: float) -> None:
         self._stopping = True
+        self._tick_serving()
         if self._gate is not None:
             self._gate.set()  # parked samples see _stopping and return
         if self._space is not None:
@@ -896,7 +980,35 @@ class Rollouter:
         self._last_cap = cap
         self._history.append((self._clock(), self._in_flight - self._parked, cap))
 
+    @staticmethod
+    def _role(replica: ReplicaLike) -> str:
+        return str(getattr(replica, "role", None) or "standalone")
+
+    def _roles_serving_now(self) -> frozenset[str]:
+        if not self._started or self._stopping or self._paused or self._loop is None:
+            return frozenset()
+        lb = self.load_balancer
+        return frozenset(
+            self._role(lb.get_replica(rid)) for rid in lb.routable_replica_ids() if rid not in self._syncing
+        )
+
+    def _tick_serving(self) -> None:
+        """Credit the time since the last tick to the roles that were serving, then re-read who serves now.
+
+        Called right after every change of what serves (pool change, pause/resume, sync marks, start, stop).
+        """
+        now = self._clock()
+        if self._serving_t is not None:
+            dt = max(0.0, now - self._serving_t)
+            for role in self._serving_roles:
+                self._serving_s[role] = self._serving_s.get(role, 0.0) + dt
+        if self._window_start is None:
+            self._window_start = now
+        self._serving_t = now
+        self._serving_roles = self._roles_serving_now()
+
     def _on_pool_change(self) -> None:
+        self._tick_serving()
         if self._cap() != self._last_cap:
             self._record()
             self._last_cap = self._cap()
@@ -927,6 +1039,7 @@ class Rollouter:
             return
         self._error = exc
         self._stopping = True
+        self._tick_serving()
         if self._space is not None:
             self._space.set()
         log.error("%s: stopping after an unrecoverable error: %r", self.name, exc)

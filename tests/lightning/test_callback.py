@@ -189,6 +189,32 @@ def test_static_fully_async_never_uses_the_hybrid_replica_and_skips_its_sync(mod
     assert rep["hybrid_sync_skipped"] == 3  # the start decision + 2 cycles
 
 
+def test_rate_matched_decides_from_measured_rates(model_dir: Path, tmp_path: Path) -> None:
+    """The runtime fills RateScheduleContext with real measurements and rate_matched's forecast uses them."""
+    rep = run_fit(tmp_path, "rate_matched", model_dir, max_steps=4, policy="rate_matched", record_contexts=True)
+    assert rep["global_step"] == 4
+    seen = rep["contexts"]
+    assert [c["step"] for c in seen] == [0, 1, 2]
+    assert all(c["type"] == "RateScheduleContext" for c in seen)
+    assert seen[0]["forecast"] is None  # cold start: nothing measured yet
+    for c in seen[1:]:
+        ctx = c["ctx"]
+        assert ctx["standalone_decoded_tokens"] > 0 and ctx["standalone_serving_s"] > 0, ctx
+        assert ctx["cycle_train_compute_s"] > 0 and ctx["cycle_trained_tokens"] > 0, ctx
+        assert ctx["cycle_trained_samples"] == ctx["required_samples"] * ctx["trigger_parameter_sync_step"]
+        assert len(ctx["step_queue_sizes"]) == len(ctx["step_wait_samples"]) == ctx["trigger_parameter_sync_step"]
+        assert ctx["num_standalone_replicas"] >= 1 and ctx["num_hybrid_replicas"] == 1
+        assert c["forecast"] is not None, ctx
+    first = seen[1]["ctx"]
+    tok_s = first["standalone_decoded_tokens"] / first["standalone_serving_s"]
+    length = first["cycle_trained_tokens"] / first["cycle_trained_samples"]
+    assert seen[1]["state_after"]["standalone_tok_s"] == pytest.approx(tok_s)  # first cycle: no smoothing yet
+    assert seen[1]["state_after"]["train_s_per_tok"] == pytest.approx(
+        first["cycle_train_compute_s"] / first["cycle_trained_tokens"]
+    )
+    assert seen[1]["forecast"]["standalone_rate"] == pytest.approx(tok_s / length)
+
+
 def test_only_hybrid_colocated_mode_trains(model_dir: Path, tmp_path: Path) -> None:
     rep = run_fit(tmp_path, "colocated", model_dir, max_steps=4, standalone=0, hybrid=1, only_hybrid=True)
     assert rep["global_step"] == 4
