@@ -16,17 +16,19 @@ and decides from those numbers:
   queue times the marginal seconds per missing sample measured while the trainer waited idle (Σ wait time /
   Σ waited samples, the seed's own signal; samples arrive slower then than the nominal rate says, since the short
   ones are done). The cost of activating is the measured activation + deactivation time plus the wait, at the rate
-  measured while hybrid replicas helped, up to the threshold. When standalone replicas keep up, the deficit is zero
-  and the gate never activates (the seed's step 3), whatever the switch costs.
+  measured while hybrid replicas helped, up to the threshold. The deficit priced as idle time is the need without its
+  slack (missing slack samples make nobody wait). When standalone replicas keep up, the deficit is zero and the gate
+  never activates (the seed's step 3), whatever the switch costs.
 * **economic order quantity**: when activating, the queue may be topped up by one more cycle's expected deficit (the
   queue drop over the last cycle plus what it waited for) if that is small enough to stay well inside the staleness
   headroom (half of ``buffer_samples``: queued samples count against the next version's budget); the next cycle then
-  skips its own switch. In a rollout-bound regime the deficit is large and this is not tried.
+  skips its own switch. Only with a measured deficit; in a rollout-bound regime it is large and this is not tried.
 * **rates** (cold start and fallbacks): standalone and hybrid decode throughput (tokens per serving second), trainer
   seconds per token and a Holt forecast of the mean response length give nominal samples/s and seconds/sample.
 * **cold start**: before one cycle has been measured it does not activate (measure first: it cannot know whether
   standalone replicas suffice), except in colocated mode (``only_hybrid``), where it always activates and waits for
-  the whole cycle, like every built-in policy.
+  the whole cycle, like every built-in policy. A cycle with fewer collections than ``trigger_parameter_sync_step``
+  (a runtime that syncs early after the first step) teaches rates, not a need or a deficit.
 
 Inputs: the seed's :class:`~lightning_hybrid_rollout.schedule.base.DynamicScheduleContext` plus the fields of
 :class:`RateScheduleContext`, a compatible subclass (every extra field defaults to "not measured"). With a plain
@@ -280,6 +282,8 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
         """
         if not ctx.step_queue_sizes or len(ctx.step_queue_sizes) != len(ctx.step_wait_samples):
             return None
+        if len(ctx.step_wait_samples) != ctx.trigger_parameter_sync_step:
+            return None  # a shorter cycle (e.g. an early first sync) says little about a full one's deficit
         return float(ctx.step_queue_sizes[0] - ctx.queue_size + sum(ctx.step_wait_samples))
 
     def _ema(self, old: float | None, new: float, weight: float = 1.0) -> float:
@@ -372,8 +376,9 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
         # rate measured over substantial hybrid waits, else the nominal one slowed down the same way.
         idle_s = max(est["wait_s_per_sample"] or 1.0 / ps, 1.0 / ps)
         hybrid_s = est["hybrid_wait_s_per_sample"] or idle_s * ps / (ps + ph)
-        # Option "idle": the first collection's deficit is made up by standalone replicas alone.
-        deficit = max(0.0, need_first - q)
+        # Option "idle": the first collection's deficit is made up by standalone replicas alone. The slack is a
+        # margin for the threshold, not samples the trainer would wait for: it is not priced as idle time.
+        deficit = max(0.0, need_first - self.target_slack_fraction * R - q)
         wait_without = deficit * idle_s
 
         def activation_cost(theta: float) -> float:
@@ -386,9 +391,12 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
         # deficit is small, the next cycle can skip its own switch; credit what it would pay. Queued samples count
         # against the next version's staleness budget, so the top-up must stay well inside the buffer headroom
         # (half of ``buffer_samples``); in a rollout-bound regime the deficit is large and it is not tried.
-        next_deficit = max(0.0, est["deficit"] or 0.0) + self.target_slack_fraction * R
+        # Only a measured deficit counts: with none (nothing measured, or only a short first cycle) the next cycle
+        # may need no switch at all, and crediting one would activate for the slack alone.
+        measured_deficit = max(0.0, est["deficit"] or 0.0)
+        next_deficit = measured_deficit + self.target_slack_fraction * R
         headroom = 0.5 * (ctx.buffer_samples if ctx.buffer_samples > 0 else 0.5 * K)
-        if 0 < next_deficit <= headroom and threshold + next_deficit <= K:
+        if measured_deficit > 0 and next_deficit <= headroom and threshold + next_deficit <= K:
             extended = math.ceil(threshold + next_deficit)
             avoided = min(next_deficit * idle_s, act + deact + next_deficit * hybrid_s)
             extended_cost = activation_cost(extended) - avoided
@@ -468,7 +476,7 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
         if overhead_s > 0:
             self._switch_overheads_s.append(float(overhead_s))
         # the first cycle starts from an empty pipeline: its need says nothing about the steady state
-        if global_steps > 1:
+        if global_steps > 1 and len(ctx.step_wait_samples) == ctx.trigger_parameter_sync_step:
             observed = self._cycle_deficit(ctx)
             if observed is not None:
                 self._deficit.update(observed)

@@ -16,6 +16,7 @@ from lightning_hybrid_rollout.schedule import rate_matched_policy as _rate_match
 from lightning_hybrid_rollout.sim.presets import PRESETS, get_preset, preset_names
 from lightning_hybrid_rollout.sim.runner import (
     BREAKDOWN_KEYS,
+    GAP_KEYS,
     RunResult,
     ScenarioResult,
     SimReplicaPool,
@@ -37,6 +38,7 @@ from lightning_hybrid_rollout.sim.world import RolloutWorld, SimulationError
 
 __all__ = [
     "BREAKDOWN_KEYS",
+    "GAP_KEYS",
     "PRESETS",
     "SEQUENCINGS",
     "LengthModel",

@@ -1,13 +1,15 @@
 """``lhr simulate`` and ``lhr report``: the simulator and the trace renderer on the command line.
 
-``lhr simulate [SCENARIO.yaml | --preset NAME] [--json] [--plot DIR] [--runs a,b] [--steps N] [--seed N]``
-simulates every run of a scenario; ``--json`` prints exactly one JSON object::
+``lhr simulate [SCENARIO.yaml | --preset NAME] [--json | --markdown] [--gap] [--plot DIR] [--runs a,b] [--steps N]
+[--seed N]`` simulates every run of a scenario; ``--json`` prints exactly one JSON object::
 
     {"scenario": str, "balance_bound_s": float,
      "runs": [{"name", "policy", "train_devices", "rollout_devices", "hybrid", "time_s", "efficiency",
                "resource_utilization", "breakdown_s": {bucket: seconds}}]}
 
-without it a table; ``--plot DIR`` writes each run's trace (``trace_<run>.json``) and the PNGs of
+without it a table (``--markdown``: the same tables in Markdown, as in docs/simulator.md); ``--gap`` adds where
+each run's time beyond the balance bound went (:data:`~lightning_hybrid_rollout.sim.runner.GAP_KEYS`, wall seconds);
+``--plot DIR`` writes each run's trace (``trace_<run>.json``) and the PNGs of
 :mod:`lightning_hybrid_rollout.plots` (timelines, ``mq_size.png``, ``utilization.png``, ``breakdown.png``).
 ``--list-presets`` lists the presets, ``--dump-preset NAME`` prints one as YAML (a starting point for your own).
 
@@ -33,7 +35,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lightning_hybrid_rollout.sim.presets import get_preset, preset_names
-from lightning_hybrid_rollout.sim.runner import BREAKDOWN_HELP, BREAKDOWN_KEYS, ScenarioResult, simulate
+from lightning_hybrid_rollout.sim.runner import (
+    BREAKDOWN_HELP,
+    BREAKDOWN_KEYS,
+    GAP_HELP,
+    GAP_KEYS,
+    RunResult,
+    ScenarioResult,
+    simulate,
+)
 from lightning_hybrid_rollout.sim.scenario import Scenario, ScenarioError
 from lightning_hybrid_rollout.sim.world import SimulationError
 
@@ -51,6 +61,8 @@ def _simulate_parser() -> argparse.ArgumentParser:
     p.add_argument("scenario", nargs="?", help="scenario YAML file (or use --preset)")
     p.add_argument("--preset", help=f"a built-in scenario: {', '.join(preset_names())}")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
+    p.add_argument("--gap", action="store_true", help="also print where the time beyond the balance bound went")
     p.add_argument("--plot", metavar="DIR", help="write traces and PNGs into DIR")
     p.add_argument("--runs", help="comma-separated run names to simulate (default: all)")
     p.add_argument("--steps", type=int, help="override the scenario's number of param versions")
@@ -82,17 +94,14 @@ def _load(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Scenario
     return sc
 
 
-def _print_table(result: ScenarioResult) -> None:
-    from rich.console import Console
-    from rich.table import Table
+_GAP_TITLE = "beyond each run's balance term (G + ρ·W)/(S + ρ·T): where the time went (seconds; sum = total)"
+_RUN_COLUMNS = ("run", "policy", "train+rollout", "hybrid", "time (h)", "efficiency", "utilization", "faster than 1st")
 
-    console = Console(width=max(Console().width, 140))
-    table = Table(title=f"scenario {result.scenario}: balance bound {result.balance_bound_s / 3600:.2f} h")
-    for col in ("run", "policy", "train+rollout", "hybrid", "time (h)", "efficiency", "utilization", "faster than 1st"):
-        table.add_column(col, justify="left" if col in ("run", "policy") else "right")
+
+def _run_rows(result: ScenarioResult) -> list[list[str]]:
     first = result.runs[0].time_s
-    for r in result.runs:
-        table.add_row(
+    return [
+        [
             r.name,
             r.policy or "-",
             f"{r.train_devices}+{r.rollout_devices}",
@@ -101,9 +110,61 @@ def _print_table(result: ScenarioResult) -> None:
             f"{r.efficiency:.3f}",
             f"{r.resource_utilization:.3f}",
             f"{(1 - r.time_s / first) * 100:+.1f}%",
-        )
+        ]
+        for r in result.runs
+    ]
+
+
+def _breakdown_keys(result: ScenarioResult) -> list[str]:
+    return [k for k in BREAKDOWN_KEYS if any(r.breakdown_s.get(k, 0) > 0 for r in result.runs)]
+
+
+def _gap_keys(result: ScenarioResult) -> list[str]:
+    return [k for k in GAP_KEYS if any(abs(r.gap_s.get(k, 0.0)) >= 0.5 for r in result.runs)]
+
+
+def _seconds(x: float) -> str:
+    return f"{x:.0f}" if round(x) != 0 else "0"
+
+
+def _gap_row(r: RunResult, keys: list[str]) -> list[str]:
+    return [r.name, _seconds(r.gap_s.get("total", 0.0)), *(_seconds(r.gap_s.get(k, 0.0)) for k in keys)]
+
+
+def _markdown(header: Sequence[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _print_markdown(result: ScenarioResult, gap: bool) -> None:
+    print(f"scenario {result.scenario}: balance bound {result.balance_bound_s / 3600:.2f} h\n")
+    print(_markdown(_RUN_COLUMNS, _run_rows(result)) + "\n")
+    keys = _breakdown_keys(result)
+    rows = [[r.name, *(f"{100 * r.breakdown_s.get(k, 0.0) / r.time_s:.1f}%" for k in keys)] for r in result.runs]
+    print("where the time went (% of each run's time)\n")
+    print(_markdown(["run", *keys], rows) + "\n")
+    if gap:
+        keys = _gap_keys(result)
+        print(f"{_GAP_TITLE}\n")
+        columns = [_gap_row(r, keys) for r in result.runs]  # one column per run
+        names = ["total", *keys]
+        rows = [[name, *(col[i + 1] for col in columns)] for i, name in enumerate(names)]
+        print(_markdown(["seconds", *(r.name for r in result.runs)], rows))
+
+
+def _print_table(result: ScenarioResult, gap: bool = False) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(Console().width, 160))
+    table = Table(title=f"scenario {result.scenario}: balance bound {result.balance_bound_s / 3600:.2f} h")
+    for col in _RUN_COLUMNS:
+        table.add_column(col, justify="left" if col in ("run", "policy") else "right", no_wrap=col == "run")
+    for row in _run_rows(result):
+        table.add_row(*row)
     console.print(table)
-    keys = [k for k in BREAKDOWN_KEYS if any(r.breakdown_s.get(k, 0) > 0 for r in result.runs)]
+    keys = _breakdown_keys(result)
     bt = Table(title="where the time went (% of each run's time)")
     bt.add_column("run", no_wrap=True)
     for k in keys:
@@ -113,6 +174,18 @@ def _print_table(result: ScenarioResult) -> None:
     console.print(bt)
     for k in keys:
         console.print(f"  [bold]{k}[/bold]: {BREAKDOWN_HELP[k]}", highlight=False)
+    if gap:
+        keys = _gap_keys(result)
+        gt = Table(title=_GAP_TITLE)
+        gt.add_column("seconds", no_wrap=True)
+        for r in result.runs:
+            gt.add_column(r.name, justify="right")
+        columns = [_gap_row(r, keys) for r in result.runs]
+        for i, name in enumerate(["total", *keys]):
+            gt.add_row(name, *(col[i + 1] for col in columns))
+        console.print(gt)
+        for k in keys:
+            console.print(f"  [bold]{k}[/bold]: {GAP_HELP[k]}", highlight=False)
 
 
 def simulate_main(argv: Sequence[str] | None = None) -> int:
@@ -150,8 +223,10 @@ def simulate_main(argv: Sequence[str] | None = None) -> int:
             logger.info("wrote %s", p)
     if args.json:
         print(json.dumps(result.to_json()))
+    elif args.markdown:
+        _print_markdown(result, args.gap)
     else:
-        _print_table(result)
+        _print_table(result, args.gap)
         if args.plot:
             print(f"plots and traces written to {args.plot}")
     return 0

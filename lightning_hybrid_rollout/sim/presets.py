@@ -30,7 +30,13 @@ def _seed() -> dict:
         "replica": {"devices": 4, "tokens_per_s": 40.0, "batch_slowdown": 0.03, "kv_cache_tokens": 120000},
         "hybrid_replica": {"devices": 4, "tokens_per_s": 40.0, "batch_slowdown": 0.03, "kv_cache_tokens": 56000},
         "trainer": {"device_s_per_token": 0.0042},
-        "switch": {"standalone_sync_s": 20.0, "hybrid_sync_s": 10.0, "wake_s": 12.0, "sleep_s": 10.0},
+        "switch": {
+            "standalone_sync_s": 20.0,
+            "standalone_commit_s": 5.0,
+            "hybrid_sync_s": 10.0,
+            "wake_s": 12.0,
+            "sleep_s": 10.0,
+        },
         "runs": [
             {"name": "static_16_16", "train_devices": 16, "rollout_devices": 16},
             {"name": "static_8_24", "train_devices": 8, "rollout_devices": 24},
@@ -65,8 +71,26 @@ def _seed() -> dict:
                 "policy": "default",
                 "sequencing": "overlap_sync",
             },
+            *_improved_runs(16, 16),
         ],
     }
+
+
+def _improved_runs(train: int, rollout: int) -> list[dict]:
+    """``rate_matched`` + ``overlap_sync`` + rebalance off + the runtime options (docs/simulator.md)."""
+    base = {
+        "train_devices": train,
+        "rollout_devices": rollout,
+        "hybrid": True,
+        "policy": "rate_matched",
+        "sequencing": "overlap_sync",
+        "enable_rebalance": False,
+        "early_first_sync": True,
+    }
+    return [
+        {"name": "dynamic_rate_matched_overlap_early", **base},
+        {"name": "dynamic_rate_matched_overlap_early_staged", **base, "staged_standalone_sync": True},
+    ]
 
 
 def _dynamic_runs(train: int, rollout: int) -> list[dict]:
@@ -75,6 +99,7 @@ def _dynamic_runs(train: int, rollout: int) -> list[dict]:
         {"name": "dynamic_default", **base, "policy": "default", "policy_kwargs": {"deactivate_ratio": 0.3}},
         {"name": "dynamic_rate_matched", **base, "policy": "rate_matched"},
         {"name": "dynamic_rate_matched_overlap", **base, "policy": "rate_matched", "sequencing": "overlap_sync"},
+        *_improved_runs(train, rollout),
     ]
 
 

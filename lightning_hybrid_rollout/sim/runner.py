@@ -42,13 +42,14 @@ from lightning_hybrid_rollout import metrics as M
 from lightning_hybrid_rollout.schedule import DynamicResourceController, create_policy
 from lightning_hybrid_rollout.schedule.rate_matched_policy import RateScheduleContext
 from lightning_hybrid_rollout.sim.scenario import ReplicaModel, RunSpec, Scenario
-from lightning_hybrid_rollout.sim.world import RolloutWorld, SimReplica, SimSample, SimulationError
+from lightning_hybrid_rollout.sim.world import ProductionWindow, RolloutWorld, SimReplica, SimSample, SimulationError
 from lightning_hybrid_rollout.trace import TRAINER_TRACK, TraceWriter
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "BREAKDOWN_KEYS",
+    "GAP_KEYS",
     "RunResult",
     "ScenarioResult",
     "SimReplicaPool",
@@ -67,6 +68,28 @@ BREAKDOWN_KEYS: tuple[str, ...] = (
     "weight_sync_standalone",
     "weight_sync_hybrid",
 )
+#: Where a run's time beyond the balance term went (:meth:`RunResult.gap_s`, ``lhr simulate --gap``).
+GAP_HELP: dict[str, str] = {
+    "trainer_startup_fill": "trainer devices idle before the first batch (x rho)",
+    "trainer_waiting_idle": "trainer devices idle waiting for samples, hybrid asleep (x rho)",
+    "trainer_waiting_staleness_bound": "trainer devices idle while admission was blocked (x rho)",
+    "trainer_hybrid_switching": "trainer devices switching: wake, sleep, add/remove/abort, rebalance (x rho)",
+    "trainer_weight_sync_standalone": "trainer devices blocked by the standalone weight sync (x rho)",
+    "trainer_weight_sync_hybrid": "trainer devices syncing hybrid weights (x rho)",
+    "hybrid_below_own_peak": "hybrid replicas generating with fewer samples than their KV limit",
+    "hybrid_peak_below_rho": "hybrid replicas' peak below rho (the bound credits the best version's ratio)",
+    "standalone_paused_for_sync": "standalone replicas paused by their weight sync",
+    "standalone_not_serving_other": "standalone replicas not serving for another reason",
+    "standalone_below_peak": "standalone replicas with fewer samples than their limit (admission open)",
+    "standalone_below_peak_admission_blocked": "standalone replicas under-filled while admission was blocked",
+    "reprefill_after_standalone_aborts": "re-prefill of samples aborted on standalone replicas (rebalance)",
+    "reprefill_after_hybrid_aborts": "re-prefill of samples aborted on hybrid replicas (deactivation, rebalance)",
+    "drain_queued_untrained": "samples still queued at the end (generated, never trained)",
+    "drain_in_flight_untrained": "decoded part of samples still in flight at the end",
+    "residual": "decoding at a version whose best rate differs from the one G credits",
+}
+GAP_KEYS: tuple[str, ...] = tuple(GAP_HELP)
+
 BREAKDOWN_HELP: dict[str, str] = {
     "training_compute": "the trainer computing (the only bucket the balance bound also pays, with generation)",
     "startup_fill": "waiting for the very first batch (pipeline fill; hybrid replicas may help)",
@@ -95,6 +118,8 @@ class RunResult:
         generated, consumed, queued, outstanding, admitted: Sample counts at the end.
         efficiency: ``balance_bound_s / time_s`` (filled in by :func:`simulate`).
         trace_path: The run's trace file, if one was written.
+        gap_s: Where the run's time beyond its balance term went (:data:`GAP_KEYS`, see :meth:`_Run._gap`);
+            not part of the JSON output.
     """
 
     name: str
@@ -116,6 +141,7 @@ class RunResult:
     admitted: int = 0
     efficiency: float = 0.0
     trace_path: str | None = None
+    gap_s: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The run's entry in ``lhr simulate --json`` (exactly the documented keys)."""
@@ -260,13 +286,19 @@ class SimReplicaPool:
 # --------------------------------------------------------------------------------------------------- runner
 
 
-def _peak_tokens_per_device_s(scenario: Scenario, model: ReplicaModel, version: int) -> float:
+def _peak_tokens_per_device_s(scenario: Scenario, model: ReplicaModel, version: float) -> float:
     """Best decode tokens/s per device a replica of ``model`` reaches at ``version`` (its KV limit then)."""
     limit = model.run_limit(scenario.cap_of(model), scenario.lengths.context_at(version))
     return model.throughput(limit, limit) / model.devices
 
 
-def balance_bound(scenario: Scenario, run: RunSpec, samples: Iterable[SimSample], train_device_s: float) -> float:
+def balance_bound(
+    scenario: Scenario,
+    run: RunSpec,
+    samples: Iterable[SimSample],
+    train_device_s: float,
+    progress_at: dict[int, float] | None = None,
+) -> float:
     """The run's balance bound: its work on its devices with perfect balance and free switching.
 
     Generation work is counted in standalone device-seconds, ``G = Σ length_i / s_i`` with ``s_i`` the best
@@ -275,23 +307,34 @@ def balance_bound(scenario: Scenario, run: RunSpec, samples: Iterable[SimSample]
     at ``ρ`` standalone device-seconds per second (``ρ`` = the best hybrid/standalone speed ratio of the run's
     versions). No schedule can beat ``max(W/T, (G + ρ·W) / (S + ρ·T))`` (``T``/``S`` trainer/rollout devices).
     With hybrid replicas as fast as standalone ones (``ρ = 1``) this is the issue's ``(G + W) / (T + S)``.
+    ``progress_at`` maps a param version to the training progress the length model followed then (default: the
+    version itself, see ``RunSpec.early_first_sync``).
     """
+    gen, rho = _bound_terms(scenario, samples, progress_at)
+    T, S = run.train_devices, run.rollout_devices
+    return max(train_device_s / T, (gen + rho * train_device_s) / (S + rho * T))
+
+
+def _bound_terms(
+    scenario: Scenario, samples: Iterable[SimSample], progress_at: dict[int, float] | None = None
+) -> tuple[float, float]:
+    """``(G, ρ)`` of :func:`balance_bound`."""
+    progress = progress_at or {v: float(v) for v in range(scenario.steps + 1)}
     rates: dict[tuple[str, int], float] = {}
 
     def rate(kind: str, v: int) -> float:
         key = (kind, v)
         if key not in rates:
             model = scenario.replica if kind == "s" else scenario.hybrid_model
-            rates[key] = _peak_tokens_per_device_s(scenario, model, v)
+            rates[key] = _peak_tokens_per_device_s(scenario, model, progress.get(v, float(v)))
         return rates[key]
 
     gen = 0.0
     for smp in samples:
-        last = smp.max_version if smp.max_version is not None else scenario.steps
+        last = smp.max_version if smp.max_version is not None else max(progress)
         gen += smp.length / max(rate("s", smp.admitted_version), rate("s", last))
-    rho = max(rate("h", v) / rate("s", v) for v in range(scenario.steps + 1))
-    T, S = run.train_devices, run.rollout_devices
-    return max(train_device_s / T, (gen + rho * train_device_s) / (S + rho * T))
+    rho = max(rate("h", v) / rate("s", v) for v in progress)
+    return gen, rho
 
 
 class _Run:
@@ -371,13 +414,32 @@ class _Run:
         tokens = sum(self.sc.lengths.prompt_tokens + s.length for s in batch)
         return tokens * tm.device_s_per_token / self.run.train_devices + tm.step_overhead_s
 
+    def _standalone_pause_s(self) -> float:
+        """Seconds at the end of a standalone weight sync during which standalone replicas do not generate.
+
+        The whole sync with the seed's sync; with ``staged_standalone_sync`` only the commit (the weights are
+        staged while the replicas keep generating, then loaded during a short pause).
+        """
+        sw = self.sc.switch
+        if self.run.staged_standalone_sync:
+            return min(sw.standalone_commit_s, sw.standalone_sync_s)
+        return sw.standalone_sync_s
+
+    def _pause_standalone(self) -> None:
+        """Standalone replicas stop generating for their weight load (``standalone_sync_aborts``: abort first)."""
+        w = self.world
+        w.set_state(w.standalone, "syncing", serving=False)
+        if self.run.standalone_sync_aborts:
+            w.abort([r for r in w.standalone if r.members])  # retried from their prefix on the same replicas
+
     def _standalone_sync(self) -> float:
         w = self.world
         if not w.standalone:
             return 0.0
         cost = self.sc.switch.standalone_sync_s
-        w.set_state(w.standalone, "syncing", serving=False)
         t0 = w.now
+        w.advance_to(t0 + cost - self._standalone_pause_s())  # staged: the replicas generate while weights arrive
+        self._pause_standalone()
         w.advance_to(t0 + cost)
         w.set_state(w.standalone, "active", serving=True)
         self._charge("weight_sync_standalone", w.now - t0, "weight_sync", {"target": "standalone"})
@@ -393,21 +455,24 @@ class _Run:
         """
         w = self.world
         assert self.controller is not None
-        self._fill_ctx()
+        # the runtime builds the full context before asking (the cycle's measurements are complete by now)
+        self._fill_cycle_ctx(w.peek_window())
         will = self.controller.policy.should_activate_after_step(step, self.controller.is_hybrid_active, self.ctx)
         if not will or not w.hybrid or self.controller.is_hybrid_active:
             return self._standalone_sync()
         costs = self.sc.switch
         t0 = w.now
-        if w.standalone:
-            w.set_state(w.standalone, "syncing", serving=False)
         w.set_state(w.hybrid, "switching", serving=False, routable=False)
         s_end = t0 + (costs.standalone_sync_s if w.standalone else 0.0)
+        s_pause = s_end - (self._standalone_pause_s() if w.standalone else 0.0)
         wake_end = t0 + costs.wake_s
         sync_end = wake_end + costs.hybrid_sync_s
-        for t, what in sorted([(s_end, "standalone"), (wake_end, "wake"), (sync_end, "hybrid_sync")]):
+        events = [(s_pause, 0, "pause"), (s_end, 1, "standalone"), (wake_end, 2, "wake"), (sync_end, 3, "hybrid_sync")]
+        for t, _, what in sorted(events):
             w.advance_to(t)
-            if what == "standalone" and w.standalone:
+            if what == "pause" and w.standalone:
+                self._pause_standalone()
+            elif what == "standalone" and w.standalone:
                 w.set_state(w.standalone, "active", serving=True)
             elif what == "wake":
                 for r in w.hybrid:
@@ -425,6 +490,18 @@ class _Run:
                 self.trace.span(TRAINER_TRACK, "switching", s_end, w.now, {"op": "hybrid wake/sync (overlapped)"})
         return sync_s
 
+    def _cycle_lengths(self) -> list[int]:
+        """Micro fit-steps of each sync cycle: ``steps`` cycles of ``trigger_parameter_sync_step``.
+
+        With ``early_first_sync`` the first weight sync comes after the first micro-step (a one-step cycle, so the
+        policy decides with a measured step instead of waiting a whole cycle) and the second after the
+        ``trigger_parameter_sync_step``-th, where it always is: the same micro-steps, one more sync.
+        """
+        m, steps = self.sc.trigger_parameter_sync_step, self.sc.steps
+        if not self.run.early_first_sync or m == 1:
+            return [m] * steps
+        return [1, m - 1] + [m] * (steps - 1)
+
     def _fill_ctx(self) -> None:
         w, ctx = self.world, self.ctx
         ctx.total_generated_samples = w.generated
@@ -439,18 +516,22 @@ class _Run:
                 f"the policy {self.run.policy!r} has to deactivate them before a training step"
             )
 
-    def _after_sync(self, step: int) -> dict[str, float]:
-        """Fill the cycle's context fields and call the controller (hybrid runs only)."""
-        w, ctx = self.world, self.ctx
-        window = w.take_window()
+    def _fill_cycle_ctx(self, window: ProductionWindow) -> None:
+        """Fill the latest cycle's measurements (``RateScheduleContext`` fields) and the queue counts."""
+        ctx = self.ctx
         ctx.cycle_train_compute_s = self._cycle_train_s
-        ctx.cycle_trained_samples = self.sc.step_required_samples
+        ctx.cycle_trained_samples = self.sc.required_samples * len(ctx.step_wait_samples)
         ctx.cycle_trained_tokens = self._cycle_trained_tokens
         ctx.standalone_serving_s = window.serving_s["standalone"]
         ctx.standalone_decoded_tokens = window.tokens["standalone"]
         ctx.hybrid_serving_s = window.serving_s["hybrid"]
         ctx.hybrid_decoded_tokens = window.tokens["hybrid"]
         self._fill_ctx()
+
+    def _after_sync(self, step: int) -> dict[str, float]:
+        """Fill the cycle's context fields and call the controller (hybrid runs only)."""
+        w, ctx = self.world, self.ctx
+        self._fill_cycle_ctx(w.take_window())
         extra: dict[str, float] = {}
         if self.controller is not None:
             t0 = w.now
@@ -488,7 +569,7 @@ class _Run:
 
     def execute(self) -> RunResult:
         sc, w, ctx = self.sc, self.world, self.ctx
-        R, m = sc.required_samples, sc.trigger_parameter_sync_step
+        R = sc.required_samples
         if self.trace is not None:
             self.trace.describe_track(TRAINER_TRACK, kind="trainer", devices=list(range(self.run.train_devices)))
         w.start()
@@ -497,14 +578,16 @@ class _Run:
             self.controller.after_sync(0, ctx)
             ctx.step_wait_times, ctx.step_wait_samples, ctx.step_queue_sizes = [], [], []
             w.take_window()
-        for v in range(sc.steps):
+        cycles = self._cycle_lengths()
+        last_v = len(cycles) - 1
+        for v, n_micro in enumerate(cycles):
             compute_s: list[float] = []
             alloc_s: list[float] = []
             wait_s: list[float] = []
             step_s: list[float] = []
             mq: list[int] = []
             extra: dict[str, float] = {}
-            for j in range(m):
+            for j in range(n_micro):
                 t_step = w.now
                 deact_wait = [0.0]
                 if self.controller is not None:
@@ -536,14 +619,14 @@ class _Run:
                 self._cycle_trained_tokens += sum(s.length for s in batch)
                 if self.trace is not None:
                     self.trace.span(TRAINER_TRACK, "training", t0, w.now, {"step": v, "micro_step": j})
-                if j == m - 1:
+                if j == n_micro - 1:
                     sync_s = 0.0
-                    if self.run.sequencing == "overlap_sync" and self.controller is not None and v + 1 < sc.steps:
+                    if self.run.sequencing == "overlap_sync" and self.controller is not None and v < last_v:
                         sync_s = self._cycle_sync_s = self._overlapped_sync(v + 1)
                     else:
                         sync_s = self._cycle_sync_s = self._standalone_sync()
-                    w.set_version(v + 1)
-                    if v + 1 < sc.steps:
+                    w.set_version(v + 1, sum(cycles[: v + 1]) / sc.trigger_parameter_sync_step)
+                    if v < last_v:
                         extra = self._after_sync(v + 1)
                     else:
                         extra = {}
@@ -601,11 +684,59 @@ class _Run:
         if self.trace is not None:
             self.trace.step_metrics(step, self.world.now, out)
 
+    def _gap(self, train_device_s: float) -> dict[str, float]:
+        """Device-second accounting of ``time_s − (G + ρ·W)/(S + ρ·T)`` (the balance term of the bound).
+
+        Capacity is counted in standalone device-seconds at the best standalone rate of the current progress: a
+        rollout device-second is 1, a trainer device-second ``ρ``. What the run did not turn into trained work
+        splits into :data:`GAP_KEYS`; each value is device-seconds / ``(S + ρ·T)``, i.e. wall seconds, and they sum
+        to ``time_s`` minus the balance term (``residual``: decoding done at a version whose best rate differs from
+        the one ``G`` credits).
+        """
+        sc, run, w = self.sc, self.run, self.world
+        gen, rho = _bound_terms(sc, self.trained, dict(w.progress_at))
+        T, S = run.train_devices, run.rollout_devices
+        scale = S + rho * T
+        acc = w.device_account
+        b = self.breakdown
+        out = dict.fromkeys(GAP_KEYS, 0.0)
+        for key in BREAKDOWN_KEYS:
+            if key not in ("training_compute", "waiting_hybrid_generating"):
+                out[f"trainer_{key}"] = rho * T * b[key]
+        hybrid_peak = acc.get("hybrid_decoded", 0.0) + acc.get("hybrid_below_peak", 0.0)
+        out["hybrid_below_own_peak"] = acc.get("hybrid_below_peak", 0.0)
+        out["hybrid_peak_below_rho"] = rho * T * b["waiting_hybrid_generating"] - hybrid_peak
+        out["standalone_paused_for_sync"] = acc.get("standalone_syncing", 0.0)
+        out["standalone_not_serving_other"] = sum(
+            acc.get(f"standalone_{state}", 0.0) for state in ("parked", "switching", "active")
+        )
+        out["standalone_below_peak"] = acc.get("standalone_below_peak", 0.0)
+        out["standalone_below_peak_admission_blocked"] = acc.get("standalone_below_peak_throttled", 0.0)
+        out["reprefill_after_standalone_aborts"] = acc.get("standalone_reprefill", 0.0)
+        out["reprefill_after_hybrid_aborts"] = acc.get("hybrid_reprefill", 0.0)
+        unit = w.standalone_peak_per_device
+        out["drain_queued_untrained"] = sum(smp.length for smp in w.queue) / unit
+        partial = 0.0
+        for r in w.replicas:
+            r.advance(w.now)
+            for smp in r.members.values():
+                partial += smp.length - min(float(smp.length), max(0.0, smp.target - r.progress))
+        partial += sum(smp.length - min(float(smp.length), smp.remaining) for smp in [*w.parked, *w.to_dispatch])
+        out["drain_in_flight_untrained"] = partial / unit
+        decoded = acc.get("standalone_decoded", 0.0) + acc.get("hybrid_decoded", 0.0)
+        wasted = sum(out[k] for k in GAP_KEYS if k.startswith(("reprefill", "drain")))
+        out["residual"] = decoded - gen - wasted
+        total = scale * w.now - gen - rho * train_device_s
+        out = {k: v / scale for k, v in out.items()}
+        out["total"] = total / scale
+        return out
+
     def _result(self) -> RunResult:
         sc, run, w = self.sc, self.run, self.world
         train = sum(sc.lengths.prompt_tokens + s.length for s in self.trained) * sc.trainer.device_s_per_token
         train += sc.trainer.step_overhead_s * run.train_devices * sc.steps * sc.trigger_parameter_sync_step
-        bound = balance_bound(sc, run, self.trained, train)
+        bound = balance_bound(sc, run, self.trained, train, dict(w.progress_at))
+        gap = self._gap(train)
         u_train = M.train_resource_utilization(self._compute_total, self._alloc_total)
         u_rollout = self._busy / self._capacity if self._capacity > 0 else 0.0
         util = M.cluster_resource_utilization(
@@ -632,6 +763,7 @@ class _Run:
             queued=w.queue_size,
             outstanding=w.outstanding,
             admitted=w.admitted,
+            gap_s=gap,
         )
 
 
@@ -655,6 +787,10 @@ def run_once(scenario: Scenario, run: RunSpec | str, trace_path: str | Path | No
             "rollout_devices": spec.rollout_devices,
             "hybrid": spec.hybrid,
             "sequencing": spec.sequencing,
+            "enable_rebalance": spec.enable_rebalance,
+            "early_first_sync": spec.early_first_sync,
+            "staged_standalone_sync": spec.staged_standalone_sync,
+            "standalone_sync_aborts": spec.standalone_sync_aborts,
         }
         trace = TraceWriter(trace_path, meta)
     try:

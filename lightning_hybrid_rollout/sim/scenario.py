@@ -144,7 +144,7 @@ class LengthModel:
             points.append([v, f])
         self.mean_schedule = points
 
-    def context_at(self, version: int) -> float:
+    def context_at(self, version: float) -> float:
         """Average context (tokens) of an in-flight sample at ``version``: ``prompt + 0.7 × mean length``."""
         return self.prompt_tokens + 0.7 * self.mean_at(version)
 
@@ -160,12 +160,12 @@ class LengthModel:
                 return f0 + (f1 - f0) * (version - v0) / (v1 - v0)
         return pts[-1][1]
 
-    def mean_at(self, version: int) -> float:
+    def mean_at(self, version: float) -> float:
         """The (unclipped) mean length at ``version``; never below ``min_tokens``."""
         drift = 1.0 + self.drift_per_step * version
         return max(float(self.min_tokens), self.mean_tokens * drift * self.schedule_at(version))
 
-    def length(self, z: float, version: int) -> int:
+    def length(self, z: float, version: float) -> int:
         """The length for standard-normal draw ``z`` at ``version``."""
         mean = self.mean_at(version)
         raw = mean * math.exp(self.sigma * z - 0.5 * self.sigma * self.sigma)
@@ -246,6 +246,8 @@ class SwitchCosts:
 
     Args:
         standalone_sync_s: Weight sync trainer → standalone replicas (their generation is paused meanwhile).
+        standalone_commit_s: With a run's ``staged_standalone_sync`` only: the pause at the end of the standalone
+            sync during which the replicas load the staged weights (at most ``standalone_sync_s``).
         hybrid_sync_s: Weight sync trainer → hybrid replicas (``pool.sync_weights``).
         wake_s: ``wake_up_replicas`` (weights, then KV cache back on the devices; the trainer offloads first).
         sleep_s: ``sleep_replicas`` (release KV cache, offload weights; the trainer onloads after).
@@ -259,6 +261,7 @@ class SwitchCosts:
     """
 
     standalone_sync_s: float = 15.0
+    standalone_commit_s: float = 4.0
     hybrid_sync_s: float = 6.0
     wake_s: float = 8.0
     sleep_s: float = 6.0
@@ -296,6 +299,19 @@ class RunSpec:
             if it will activate, the hybrid wake-up and then the hybrid weight sync run concurrently with the
             standalone sync; the controller's activation then finds the replicas awake with current weights and only
             adds and resumes them).
+        early_first_sync: Runtime option (off = the seed's cadence). The first weight sync comes after the first
+            micro fit-step instead of after ``trigger_parameter_sync_step`` of them, and the second after the
+            ``trigger_parameter_sync_step``-th, so later syncs fall where they always do: the same micro-steps and
+            one more sync (version). A policy that measures before it activates decides after one measured step
+            instead of a whole cycle. The length model follows training progress (micro-steps), not versions.
+        staged_standalone_sync: Runtime option (off = the seed's sync, standalone generation paused for all of
+            ``switch.standalone_sync_s``). The weights are staged on the standalone replicas' side while they keep
+            generating; they pause (keeping their requests) only for the last ``switch.standalone_commit_s`` of the
+            sync to load them. The trainer is blocked for ``standalone_sync_s`` either way.
+        standalone_sync_aborts: Fidelity option (off = the calibrated model: a standalone sync pauses generation and
+            keeps the requests in flight, vLLM ``pause_generation(mode="keep")``). On: the requests in flight are
+            aborted when the replicas pause and resume from their prefix afterwards, paying the re-prefill (what
+            the runtime's engine does today).
     """
 
     name: str
@@ -306,6 +322,9 @@ class RunSpec:
     policy_kwargs: dict[str, Any] = field(default_factory=dict)
     enable_rebalance: bool = True
     sequencing: str = "seed"
+    early_first_sync: bool = False
+    staged_standalone_sync: bool = False
+    standalone_sync_aborts: bool = False
 
     def __post_init__(self) -> None:
         _check(
@@ -314,6 +333,9 @@ class RunSpec:
         self.train_devices = _int(self.train_devices, f"runs[{self.name}].train_devices", minimum=1)
         self.rollout_devices = _int(self.rollout_devices, f"runs[{self.name}].rollout_devices")
         self.hybrid = bool(self.hybrid)
+        self.early_first_sync = bool(self.early_first_sync)
+        self.staged_standalone_sync = bool(self.staged_standalone_sync)
+        self.standalone_sync_aborts = bool(self.standalone_sync_aborts)
         if self.hybrid:
             _check(
                 isinstance(self.policy, str) and bool(self.policy),

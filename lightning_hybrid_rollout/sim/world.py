@@ -198,6 +198,10 @@ class RolloutWorld:
         self.trace = trace
         self.now = 0.0
         self.version = 0
+        #: Training progress the length model follows, in sync cycles of ``trigger_parameter_sync_step`` micro-steps
+        #: (equal to ``version`` unless a run's first cycle is shorter; see ``RunSpec.early_first_sync``).
+        self.progress = 0.0
+        self.progress_at: dict[int, float] = {0: 0.0}
         self.max_required = scenario.max_required_samples
         self.queue_bound = scenario.max_required_samples
         self.group_size = scenario.group_size
@@ -219,6 +223,10 @@ class RolloutWorld:
             r.state, r.serving, r.routable, r.awake = "active", True, True, True
             self.replicas.append(r)
             device += sm.devices
+        #: Device-second accounting behind ``RunResult.gap_s``, in standalone device-seconds at the best standalone
+        #: rate of the current progress (``standalone_peak_per_device`` tokens/s; see :meth:`_account`).
+        self.device_account: dict[str, float] = {}
+        self.standalone_peak_per_device = 1.0
         self._set_limits()
         self._cap_cache = -1
         self.standalone = [r for r in self.replicas if r.kind == "standalone"]
@@ -286,6 +294,7 @@ class RolloutWorld:
             raise SimulationError(f"the virtual clock cannot go back: now={self.now}, asked {t}")
         dt = t - self.now
         if dt > 0:
+            self._account(dt)
             if self._throttled:
                 self.throttled_s += dt
             if any(r.serving for r in self.standalone):
@@ -293,6 +302,28 @@ class RolloutWorld:
             if any(r.serving for r in self.hybrid):
                 self.window.serving_s["hybrid"] += dt
             self.now = t
+
+    def _account(self, dt: float) -> None:
+        """Add ``dt`` seconds of every replica's state to :attr:`device_account`.
+
+        Serving replicas: what they decode (``<kind>_decoded``) and what they could decode more at their own peak
+        (``<kind>_below_peak``, ``standalone_below_peak_throttled`` while admission is blocked), both in standalone
+        device-seconds; standalone replicas not serving: their device-seconds per state (``standalone_<state>``).
+        """
+        acc = self.device_account
+        unit = self.standalone_peak_per_device
+        for r in self.replicas:
+            kind = r.kind
+            if r.serving:
+                limit = r.limit or r.cap
+                x = r.model.throughput(len(r.members), limit)
+                short = (r.model.throughput(limit, limit) - x) * dt / unit
+                acc[kind + "_decoded"] = acc.get(kind + "_decoded", 0.0) + x * dt / unit
+                key = kind + ("_below_peak_throttled" if self._throttled and kind == "standalone" else "_below_peak")
+                acc[key] = acc.get(key, 0.0) + short
+            elif kind == "standalone":
+                key = "standalone_" + r.state
+                acc[key] = acc.get(key, 0.0) + r.model.devices * dt
 
     def advance_to(self, t: float) -> None:
         """Process every completion up to ``t``, then set the clock to ``t``.
@@ -414,7 +445,7 @@ class RolloutWorld:
         group = []
         for _ in range(self.group_size):
             z = self._z_rng.gauss(0.0, 1.0)
-            length = self.scenario.lengths.length(z, self.version)
+            length = self.scenario.lengths.length(z, self.progress)
             s = SimSample(self.admitted, gid, length, float(length), self.version, self.now)
             self.admitted += 1
             group.append(s)
@@ -484,15 +515,25 @@ class RolloutWorld:
         return history, generated
 
     def _set_limits(self) -> None:
-        context = self.scenario.lengths.context_at(self.version)
+        context = self.scenario.lengths.context_at(self.progress)
+        sm = self.scenario.replica
+        limit = sm.run_limit(self.scenario.cap_of(sm), context)
+        self.standalone_peak_per_device = sm.throughput(limit, limit) / sm.devices
         for r in self.replicas:
             r.advance(self.now)
             r.limit = r.model.run_limit(r.cap, context)
             r.touch()
 
-    def set_version(self, version: int) -> None:
-        """The trainer published param version ``version`` (the KV-cache limits follow its mean length)."""
+    def set_version(self, version: int, progress: float | None = None) -> None:
+        """The trainer published param version ``version`` (the KV-cache limits follow its mean length).
+
+        Args:
+            version: The new param version.
+            progress: Training progress in full sync cycles (default: ``version``); lengths drift with it.
+        """
         self.version = version
+        self.progress = float(version if progress is None else progress)
+        self.progress_at[version] = self.progress
         self._set_limits()
         for r in self.replicas:
             for s in r.members.values():
@@ -500,13 +541,19 @@ class RolloutWorld:
 
     def take_window(self) -> ProductionWindow:
         """Return and restart the production accounting window."""
-        w, self.window = self.window, ProductionWindow()
+        w = self.peek_window()
+        self.window = ProductionWindow()
+        for kind, replicas in (("standalone", self.standalone), ("hybrid", self.hybrid)):
+            self._window_tokens0[kind] = sum(r.tokens for r in replicas)
+        return w
+
+    def peek_window(self) -> ProductionWindow:
+        """The production accounting window so far (a copy; the window goes on)."""
+        w = ProductionWindow(dict(self.window.serving_s), {}, self.window.delivered, self.window.delivered_tokens)
         for kind, replicas in (("standalone", self.standalone), ("hybrid", self.hybrid)):
             for r in replicas:
                 r.advance(self.now)
-            total = sum(r.tokens for r in replicas)
-            w.tokens[kind] = total - self._window_tokens0[kind]
-            self._window_tokens0[kind] = total
+            w.tokens[kind] = sum(r.tokens for r in replicas) - self._window_tokens0[kind]
         return w
 
     # ------------------------------------------------------------------------------------------ replicas
@@ -539,7 +586,12 @@ class RolloutWorld:
                 remaining = max(0.0, s.target - r.progress)
                 decoded = s.length - min(float(s.length), remaining)
                 if penalty:
-                    remaining += decoded * self.scenario.switch.resume_prefill_ratio
+                    extra = decoded * self.scenario.switch.resume_prefill_ratio
+                    remaining += extra
+                    key = r.kind + "_reprefill"
+                    self.device_account[key] = (
+                        self.device_account.get(key, 0.0) + extra / self.standalone_peak_per_device
+                    )
                 s.remaining = remaining
                 s.aborts += 1
                 s.replica = None

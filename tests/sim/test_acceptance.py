@@ -42,44 +42,62 @@ def test_seed_preset_queue_shapes_match_seed_section_5(seed):
     assert util["dynamic_default"] > max(util["static_16_16"], util["static_8_24"])
 
 
+#: rate_matched runs of every preset: the policy alone, + overlap_sync, + the runtime options (docs/simulator.md)
+RATE_MATCHED_RUNS = (
+    "dynamic_rate_matched",
+    "dynamic_rate_matched_overlap",
+    "dynamic_rate_matched_overlap_early",
+    "dynamic_rate_matched_overlap_early_staged",
+)
+
+
 @pytest.mark.parametrize("preset", ["seed", "rollout_bound", "drifting"])
 def test_rate_matched_is_never_slower_than_default(preset):
-    result = simulate(get_preset(preset)) if preset != "seed" else simulate(get_preset("seed"))
+    result = simulate(get_preset(preset))
     default = result.run("dynamic_default").time_s
-    assert result.run("dynamic_rate_matched").time_s <= default
-    assert result.run("dynamic_rate_matched_overlap").time_s <= default
+    for name in RATE_MATCHED_RUNS:
+        assert result.run(name).time_s <= default, name
 
 
 def test_rate_matched_is_at_least_3_percent_faster_on_the_drifting_preset():
     result = simulate(get_preset("drifting"))
     default = result.run("dynamic_default").time_s
-    assert _reduction(result.run("dynamic_rate_matched").time_s, default) >= 0.03
+    for name in RATE_MATCHED_RUNS:
+        assert _reduction(result.run(name).time_s, default) >= 0.03, name
 
 
 def test_rate_matched_never_activates_when_standalone_capacity_suffices():
-    result = simulate(
-        get_preset("standalone_sufficient"), runs=["dynamic_rate_matched", "dynamic_rate_matched_overlap"]
-    )
+    result = simulate(get_preset("standalone_sufficient"), runs=list(RATE_MATCHED_RUNS))
+    assert len(result.runs) == len(RATE_MATCHED_RUNS)
     for run in result.runs:
         assert run.activations == 0, run.name
         assert run.breakdown_s["hybrid_switching"] == 0 and run.breakdown_s["weight_sync_hybrid"] == 0
         assert all(s["dynamic_resource/hybrid_sync_skipped"] == 1.0 for s in run.steps[:-1])
 
 
+def _closed(seed, name: str) -> float:
+    default = seed.run("dynamic_default").efficiency
+    return (seed.run(name).efficiency - default) / (1 - default)
+
+
 def test_seed_gap_closure_measured(seed):
-    """Where the new policy stands against the bound on the seed preset (see docs/simulator.md, "What is left")."""
-    default = seed.run("dynamic_default").efficiency
-    best = seed.run("dynamic_rate_matched_overlap").efficiency
-    closed = (best - default) / (1 - default)
-    assert closed > 0.08  # measured: ~0.12 of the gap
+    """Where each step stands against the bound on the seed preset (docs/simulator.md, "Where the gap goes")."""
+    assert 0.08 < _closed(seed, "dynamic_rate_matched_overlap") < 0.25  # measured: ~0.12 of the gap
+    assert 0.15 < _closed(seed, "dynamic_rate_matched_overlap_early") < 0.25  # measured: ~0.21, not enough alone
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 5 asks for 1/4 of the gap; the seed preset's gap is mostly structural "
-    "(fill/drain, standalone sync pauses, re-prefill), see docs/simulator.md",
-)
 def test_seed_gap_closure_quarter(seed):
+    """Issue 5: close a quarter of dynamic_default's gap to the bound on the seed preset.
+
+    Reached by ``dynamic_rate_matched_overlap_early_staged``: the rate_matched policy with rebalance off, and three
+    runtime changes it counts on (overlap_sync, early_first_sync, staged_standalone_sync; docs/simulator.md,
+    "Runtime options"): it counts only once the runtime does them. dynamic_default keeps the seed's sequencing.
+    """
+    spec = get_preset("seed").run("dynamic_rate_matched_overlap_early_staged")
+    assert spec.policy == "rate_matched" and spec.sequencing == "overlap_sync"
+    assert spec.early_first_sync and spec.staged_standalone_sync and not spec.enable_rebalance
+    reference = get_preset("seed").run("dynamic_default")
+    assert reference.sequencing == "seed" and reference.enable_rebalance and not reference.early_first_sync
     default = seed.run("dynamic_default").efficiency
-    best = seed.run("dynamic_rate_matched_overlap").efficiency
-    assert best >= default + (1 - default) / 4
+    best = seed.run("dynamic_rate_matched_overlap_early_staged").efficiency
+    assert best >= default + (1 - default) / 4  # measured: 0.964 >= 0.961 (30% of the gap)

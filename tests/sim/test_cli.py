@@ -60,6 +60,21 @@ def test_simulate_table_and_plot_write_non_empty_pngs(tmp_path, capsys):
         json.loads(t.read_text())
 
 
+def test_simulate_markdown_and_gap_tables(tmp_path, capsys):
+    assert simulate_main([str(_scenario_file(tmp_path)), "--markdown", "--gap"]) == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    assert "| run | policy | train+rollout | hybrid | time (h) | efficiency | utilization | faster than 1st |" in lines
+    assert any(line.startswith("| dynamic_rate_matched_overlap | rate_matched | 2+2 | yes |") for line in lines)
+    assert any(line.startswith("| run | training_compute |") for line in lines)
+    gap_header = next(line for line in lines if line.startswith("| seconds |"))
+    assert "dynamic_default" in gap_header and any(line.startswith("| total |") for line in lines)
+    assert any(line.startswith("| standalone_paused_for_sync |") for line in lines)
+    assert simulate_main([str(_scenario_file(tmp_path)), "--gap", "--runs", "dynamic_default"]) == 0
+    text = capsys.readouterr().out
+    assert "beyond each run's balance term" in text and "standalone_paused_for_sync" in text
+
+
 def test_report_renders_a_run_directory(tmp_path, capsys):
     plots = tmp_path / "sim"
     assert (

@@ -110,3 +110,48 @@ def test_state_dict_round_trip_reproduces_decisions():
     probe = _measured(queue_size=7)
     assert b.forecast(probe) == a.forecast(probe)
     assert b.state_dict() == a.state_dict()
+
+
+def _one_step_cycle(queue_size: int) -> RateScheduleContext:
+    """The context after a one-micro-step first cycle (``early_first_sync``): standalone replicas make 0.4
+    samples/s, training takes 4 s per sample, so they outproduce the trainer 1.6 times."""
+    return _measured(
+        standalone_decoded_tokens=4000.0,
+        cycle_train_compute_s=40.0,
+        cycle_trained_samples=10,
+        cycle_trained_tokens=1000,
+        queue_size=queue_size,
+        step_queue_sizes=[0],
+        step_wait_samples=[10],
+        step_wait_times=[50.0],
+    )
+
+
+def test_slack_is_not_priced_as_idle_time():
+    # a queue of one collection is all the trainer needs when standalone replicas outproduce it: missing slack
+    # samples cost no idle time, so they must not pay for a switch (they did through the top-up credit)
+    for q in (10, 12):
+        policy = RateMatchedDynamicSchedulePolicy()
+        fc = policy.forecast(_one_step_cycle(q))
+        assert fc is not None and fc.wait_without_s == 0.0 and not fc.activate
+        assert not policy.should_activate_after_step(1, False, _one_step_cycle(q))
+    # a real shortfall is still weighed: 5 samples short at 5 s each against a 10 s switch
+    policy = RateMatchedDynamicSchedulePolicy()
+    assert policy.should_activate_after_step(1, False, _one_step_cycle(5))
+
+
+def test_top_up_needs_a_measured_deficit():
+    # without a measured cycle deficit there is no next switch to save: the threshold is not extended
+    policy = RateMatchedDynamicSchedulePolicy()
+    fc = policy.forecast(_one_step_cycle(5))
+    assert fc is not None and fc.threshold == policy.deactivate_wait_samples(_one_step_cycle(5)) <= 10
+
+
+def test_a_short_cycle_is_not_learned_as_a_need_or_a_deficit():
+    policy = RateMatchedDynamicSchedulePolicy()
+    policy.update_after_step(2, _one_step_cycle(5))
+    assert policy._need.count == 0 and policy._deficit.count == 0
+    assert policy._standalone_tok_s is not None  # rates are still learned from it
+    full = _measured(queue_size=20, step_queue_sizes=[30, 25, 20, 15], step_wait_samples=[0, 0, 0, 2])
+    policy.update_after_step(3, full)
+    assert policy._need.count == 1 and policy._deficit.count == 1

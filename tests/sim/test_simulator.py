@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lightning_hybrid_rollout.sim import BREAKDOWN_KEYS, Scenario, SwitchCosts, simulate
-from lightning_hybrid_rollout.sim.runner import run_once
+from lightning_hybrid_rollout.sim.runner import GAP_KEYS, run_once
 
 from .conftest import tiny_scenario
 
@@ -27,6 +27,11 @@ def _check_invariants(result):
         assert r.time_s >= result.balance_bound_s * (1 - 1e-9), r.name
         assert 0 < r.efficiency <= 1 + 1e-9
         assert 0 <= r.resource_utilization <= 1 + 1e-9
+        # the gap accounting covers the time beyond the balance term exactly
+        parts = sum(v for k, v in r.gap_s.items() if k != "total")
+        assert set(r.gap_s) == {*GAP_KEYS, "total"}, r.name
+        assert math.isclose(parts, r.gap_s["total"], rel_tol=1e-6, abs_tol=1e-6 * r.time_s + 1e-6), r.name
+        assert r.gap_s["total"] >= -1e-6 * r.time_s, r.name
 
 
 def test_tiny_scenario_invariants(tiny):
@@ -64,6 +69,10 @@ def scenarios(draw):
         "rollout_devices": rollout,
         "hybrid": hybrid,
         "sequencing": draw(st.sampled_from(["seed", "overlap_sync"])),
+        "early_first_sync": draw(st.booleans()),
+        "staged_standalone_sync": draw(st.booleans()),
+        "enable_rebalance": draw(st.booleans()),
+        "standalone_sync_aborts": draw(st.booleans()),
     }
     if hybrid:
         run["policy"] = draw(_POLICIES)
@@ -97,7 +106,10 @@ def scenarios(draw):
                 "batch_slowdown": draw(st.floats(0, 0.3)),
             },
             "trainer": {"device_s_per_token": draw(st.floats(0.0005, 0.02)), "step_overhead_s": draw(st.floats(0, 2))},
-            "switch": {k: draw(st.floats(0, 3)) for k in ("standalone_sync_s", "hybrid_sync_s", "wake_s", "sleep_s")},
+            "switch": {
+                k: draw(st.floats(0, 3))
+                for k in ("standalone_sync_s", "standalone_commit_s", "hybrid_sync_s", "wake_s", "sleep_s")
+            },
             "runs": [run],
         }
     )
