@@ -123,7 +123,7 @@ async def bench(args: argparse.Namespace, model_dir: Path, rt: Any) -> None:
             + "; ".join(
                 f"{rid} {s * 1e3:.0f} ms (in engine {u.get('seconds', 0) * 1e3:.0f}: "
                 + ", ".join(f"{k} {u.get(k + '_s', 0) * 1e3:.0f}" for k in ("begin", "stage", "load", "hash", "finish"))
-                + f" ms, {u.get('page_faults', 0)} page faults)"
+                + f" ms, {u.get('page_faults', 0)} page faults, {u.get('mode')})"
                 for (rid, s), u in zip(rep.per_replica_seconds.items(), info)
             )
         )

@@ -205,8 +205,8 @@ class ReplicaActor:
     async def attach_node_staging(self, path: str, size: int, inode: int) -> bool:
         return await self.engine.attach_node_staging(path, size, inode)
 
-    async def load_weight_from_node_staging(self, offset: int, nbytes: int) -> dict[str, Any]:
-        return await self.engine.load_weight_from_node_staging(offset, nbytes)
+    async def load_weight_from_node_staging(self, spans: list[tuple[int, int]]) -> dict[str, Any]:
+        return await self.engine.load_weight_from_node_staging(spans)
 
     async def load_weight_ipc(self, blob: bytes) -> dict[str, Any]:
         return await self.engine.load_weight_ipc(blob)

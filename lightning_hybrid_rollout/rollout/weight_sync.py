@@ -637,10 +637,17 @@ async def push_weights_async(
         mine = per_replica[r.replica_id]
         await r.call("begin_weight_update", version, 0 if local else sum(b.nbytes for b in mine))
         try:
-            for fut in refs[r.replica_id]:
-                got = await fut
-                if local:
-                    await r.call("load_weight_from_node_staging", *got)
+            futs = refs[r.replica_id]
+            i = 0
+            while i < len(futs):
+                got = await futs[i]
+                i += 1
+                if local:  # every bucket already written by now goes in the same call (fewer round trips)
+                    spans = [got]
+                    while i < len(futs) and futs[i].done() and futs[i].exception() is None:
+                        spans.append(futs[i].result())
+                        i += 1
+                    await r.call("load_weight_from_node_staging", spans)
                 else:
                     await r.call("load_weight_bucket", got)  # a top-level ref: Ray hands a zero-copy view
         except BaseException:

@@ -139,6 +139,7 @@ class _ShmReplica:
         self.mm: Any = None
         self.digests: dict[str, str] = {}
         self.calls: list[str] = []
+        self.loaded_spans: list[tuple[int, int]] = []
 
     async def call(self, method: str, *args: Any) -> Any:
         import mmap
@@ -158,9 +159,11 @@ class _ShmReplica:
         if method == "begin_weight_update":
             self.digests = {}
         elif method == "load_weight_from_node_staging":
-            items, size = parse_safetensors(self.mm, args[0])
-            assert size == args[1]
-            self.digests.update({n: tensor_digest(n, t) for n, t in items})
+            for offset, nbytes in args[0]:
+                items, size = parse_safetensors(self.mm, offset)
+                assert size == nbytes
+                self.digests.update({n: tensor_digest(n, t) for n, t in items})
+                self.loaded_spans.append((offset, nbytes))
         elif method == "finish_weight_update":
             return combine_digests(self.digests)
         return None
@@ -173,8 +176,10 @@ def test_node_staging_push_is_written_once_and_verified_per_replica(run_async) -
     assert rep.num_buckets > 2 and rep.transport == "node_shm"
     assert rep.per_replica_transport == {"a": "node_shm", "b": "node_shm"}
     assert set(rep.replica_checksums.values()) == {checksum_state(sd)}
-    for r in reps:  # streamed: one load per bucket, never the Ray path
-        assert r.calls.count("load_weight_from_node_staging") == rep.num_buckets
+    for r in reps:  # every bucket loaded once, in order, contiguous (batched into fewer calls); never the Ray path
+        assert len(r.loaded_spans) == rep.num_buckets and r.loaded_spans[0][0] == 0
+        assert all(a[0] + a[1] == b[0] for a, b in zip(r.loaded_spans, r.loaded_spans[1:]))
+        assert 1 <= r.calls.count("load_weight_from_node_staging") <= rep.num_buckets
         assert "load_weight_bucket" not in r.calls
 
 
@@ -282,7 +287,10 @@ def test_push_changes_generations_and_checksums_match(vllm_replicas, tiny_hf_mod
         rep_b = await push_weights_async(state_b, vllm_replicas, version=202, transport="ray")
         out_b = await _greedy(vllm_replicas, "b")
         sums = [await r.weights_checksum() for r in vllm_replicas]
-        versions = [(await r.health())["weight_version"] for r in vllm_replicas]
+        health = [await r.health() for r in vllm_replicas]
+        versions = [h["weight_version"] for h in health]
+        # CPU: the direct reload ran (packs linear layers from the received tensors, re-packs the tied LM head)
+        assert [h["last_update"]["mode"] for h in health] == ["direct", "direct"]
         return rep_a, out_a, rep_b, out_b, sums, versions
 
     rep_a, out_a, rep_b, out_b, sums, versions = run_async(go())
@@ -295,6 +303,39 @@ def test_push_changes_generations_and_checksums_match(vllm_replicas, tiny_hf_mod
         assert set(rep.per_replica_seconds) == {"r0", "r1"} and rep.gb_per_s > 0
     assert out_a == [ref_a, ref_a] and out_b == [ref_b, ref_b]
     assert sums == [rep_b.checksum] * 2 and versions == [202, 202]
+
+
+@pytest.mark.slow
+def test_layerwise_reload_fallback_matches_transformers(
+    ray_runtime, tiny_model_dir, vllm_run_dir, tiny_hf_model, hf_reference, run_async
+) -> None:
+    """``direct_reload=False`` (what runs where the direct path is not exact: GPU, quantized models): vLLM's own
+    layer-wise reload, same parity and checksums."""
+    from lightning_hybrid_rollout.rollout.replica import ReplicaSpec
+    from lightning_hybrid_rollout.rollout.vllm_engine import VLLMEngineConfig
+
+    cfg = VLLMEngineConfig(
+        model=str(tiny_model_dir),
+        kv_cache_memory_bytes=32 * 2**20,
+        max_model_len=256,
+        run_dir=str(vllm_run_dir),
+        direct_reload=False,
+    )
+    # no Ray CPU reservation (the session's two replicas may hold both), pinned to core 0 like r0
+    (rep,) = ray_runtime.start_replicas([ReplicaSpec("lw", "standalone", cfg, cpus=0, cpu_ids=[0])], timeout=600)
+    try:
+        state = hf_reference.perturbed_state(tiny_hf_model, seed=26)
+        ref = [hf_reference.greedy(tiny_hf_model, p, 12) for p in PROMPTS]
+
+        async def go() -> tuple[Any, Any, Any]:
+            report = await push_weights_async(state, [rep], version=601, bucket_bytes=300_000)
+            return report, await _greedy([rep], "lw"), await rep.health()
+
+        report, out, health = run_async(go())
+        assert health["last_update"]["mode"] == "layerwise" and out == [ref]
+        assert report.replica_checksums == {"lw": checksum_state(state)}
+    finally:
+        run_async(rep.shutdown())
 
 
 @pytest.mark.slow
