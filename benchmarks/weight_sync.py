@@ -81,20 +81,23 @@ async def bench(args: argparse.Namespace, model_dir: Path, rt: Any) -> None:
         )
     )
 
-    # generation speed (for the record): 64 concurrent fixed-length requests per replica, after a warm-up
-    spec = SamplingSpec(max_tokens=64, temperature=1.0, ignore_eos=True)
-    for rnd in range(2):
-        t0 = time.perf_counter()
-        res = await asyncio.gather(
-            *(
-                r.generate(f"gen-{rnd}-{r.replica_id}-{i}", [1, 5 + i % 10, 14], spec)
-                for r in replicas
-                for i in range(64)
+    async def generation_speed(tag: str) -> None:
+        """64 concurrent fixed-length requests per replica, after a warm-up round (for the record)."""
+        spec = SamplingSpec(max_tokens=64, temperature=1.0, ignore_eos=True)
+        for rnd in range(2):
+            t0 = time.perf_counter()
+            res = await asyncio.gather(
+                *(
+                    r.generate(f"gen-{tag}-{rnd}-{r.replica_id}-{i}", [1, 5 + i % 10, 14], spec)
+                    for r in replicas
+                    for i in range(64)
+                )
             )
-        )
-        dt = time.perf_counter() - t0
-    ntok = sum(len(x.token_ids) for x in res)
-    print(f"generation: {ntok} tokens in {dt:.2f} s = {ntok / dt:.0f} tok/s over {len(replicas)} replicas")
+            dt = time.perf_counter() - t0
+        ntok = sum(len(x.token_ids) for x in res)
+        print(f"generation {tag}: {ntok} tokens in {dt:.2f} s = {ntok / dt:.0f} tok/s over {len(replicas)} replicas")
+
+    await generation_speed("before the pushes")
 
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     named = [(k, v.detach().contiguous()) for k, v in hf.state_dict().items()]
@@ -127,6 +130,7 @@ async def bench(args: argparse.Namespace, model_dir: Path, rt: Any) -> None:
                 for (rid, s), u in zip(rep.per_replica_seconds.items(), info)
             )
         )
+    await generation_speed("after the pushes")  # the reloaded (re-packed) weights serve as fast as the originals
     timed = reports[1:]
     secs = statistics.median(r.seconds for r in timed)
     achieved = nbytes * len(replicas) / secs / 1e9

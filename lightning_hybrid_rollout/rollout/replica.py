@@ -208,6 +208,12 @@ class ReplicaActor:
     async def load_weight_from_node_staging(self, spans: list[tuple[int, int]]) -> dict[str, Any]:
         return await self.engine.load_weight_from_node_staging(spans)
 
+    async def stage_weight_bucket(self, bucket: Any, offset: int, total_bytes: int) -> float:
+        return await self.engine.stage_weight_bucket(bucket, offset, total_bytes)
+
+    async def load_weight_from_staging(self, spans: list[tuple[int, int]]) -> dict[str, Any]:
+        return await self.engine.load_weight_from_staging(spans)
+
     async def load_weight_ipc(self, blob: bytes) -> dict[str, Any]:
         return await self.engine.load_weight_ipc(blob)
 
@@ -373,7 +379,8 @@ class ReplicaHandle:
     async def call(self, method: str, *args: Any) -> Any:
         """Call any other actor method with the same dead-actor handling: the streamed weight update
         (``begin_weight_update``, ``load_weight_bucket``, ``attach_node_staging``, ``load_weight_from_node_staging``,
-        ``finish_weight_update``, ``abort_weight_update``) and the GPU
+        ``stage_weight_bucket``, ``load_weight_from_staging``, ``finish_weight_update``, ``abort_weight_update``) and
+        the GPU
         transports (``load_weight_ipc``, ``init_nccl_group``, ``load_weight_nccl``)."""
         return await self._call(method, *args)
 

@@ -629,7 +629,42 @@ class VLLMEngine:
         if self._node_staging is None:
             raise WeightLoadError(f"replica {self.replica_id}: no node staging file attached")
         try:
-            return await self._rpc("lhr_load_node_spans", [(int(o), int(n)) for o, n in spans])
+            return await self._rpc("lhr_load_spans", [(int(o), int(n)) for o, n in spans], "node")
+        except BaseException:
+            await self.abort_weight_update()
+            raise
+
+    async def stage_weight_bucket(self, bucket: Any, offset: int, total_bytes: int) -> float:
+        """Copy a bucket into this engine's staging file at ``offset`` while the engine keeps serving (staged sync).
+
+        The bytes are loaded later, in the commit, by :meth:`load_weight_from_staging`. Returns the copy seconds.
+        """
+        import numpy as np
+
+        if self.llm is None:
+            raise WeightLoadError(f"replica {self.replica_id}: engine is not running")
+        if self._update is not None:
+            raise WeightLoadError(f"replica {self.replica_id}: cannot stage weights during a weight update")
+        await self._ensure_staging(total_bytes)
+        t = time.perf_counter()
+        mm = self._staging.mm
+        assert mm is not None
+        n = bucket.nbytes if hasattr(bucket, "write_into") else memoryview(bucket).nbytes
+        self._check_room(offset, n)
+        if hasattr(bucket, "write_into"):
+            bucket.write_into(np.frombuffer(mm, dtype=np.uint8), offset)
+        else:
+            np.frombuffer(mm, dtype=np.uint8)[offset : offset + n] = np.frombuffer(
+                memoryview(bucket).cast("B"), dtype=np.uint8
+            )
+        return time.perf_counter() - t
+
+    async def load_weight_from_staging(self, spans: list[tuple[int, int]]) -> dict[str, Any]:
+        """Commit of a staged sync: load the buckets :meth:`stage_weight_bucket` put at ``spans`` in one call."""
+        if self._update is None:
+            raise WeightLoadError(f"replica {self.replica_id}: load_weight_from_staging() outside begin/finish")
+        try:
+            return await self._rpc("lhr_load_spans", [(int(o), int(n)) for o, n in spans], "staging")
         except BaseException:
             await self.abort_weight_update()
             raise
@@ -1076,11 +1111,12 @@ class LHRWorkerExtension:
             raise RuntimeError(f"bucket at {offset}: header says {size} bytes, frontend wrote {nbytes}")
         return {**self._lhr_feed(items, mm), "bytes": nbytes}
 
-    def lhr_load_node_spans(self, spans: list[tuple[int, int]]) -> dict[str, Any]:
-        """Load several buckets of the trainer's node staging file in one RPC."""
+    def lhr_load_spans(self, spans: list[tuple[int, int]], source: str = "node") -> dict[str, Any]:
+        """Load several buckets of a staging file (``"node"``: the trainer's; ``"staging"``: this engine's) in one
+        RPC."""
         tensors = nbytes = 0
         for offset, n in spans:
-            info = self.lhr_load_bucket(offset, n, "node")
+            info = self.lhr_load_bucket(offset, n, source)
             tensors += info["tensors"]
             nbytes += info["bytes"]
         return {"tensors": tensors, "bytes": nbytes, "buckets": len(spans)}

@@ -43,7 +43,7 @@ import time
 import uuid
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -464,6 +464,8 @@ class SyncReport:
         transport: ``"node_shm"``, ``"ray_object_store"`` (both joined by ``+`` when mixed), ``"cuda_ipc"`` or
             ``"nccl"``.
         per_replica_transport: ``replica_id -> "node_shm" | "ray_object_store"`` (CPU path).
+        per_replica_commit_seconds: Staged pushes: ``replica_id -> seconds`` the replica stopped generating (from
+            ``begin_weight_update`` to its verified load).
     """
 
     version: int
@@ -477,6 +479,7 @@ class SyncReport:
     replica_checksums: dict[str, str] = field(default_factory=dict)
     transport: str = "ray_object_store"
     per_replica_transport: dict[str, str] = field(default_factory=dict)
+    per_replica_commit_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def gb_per_s(self) -> float:
@@ -523,6 +526,8 @@ async def push_weights_async(
     expected_checksum: str | None = None,
     transport: str = "auto",
     staging_hook: Callable[[NodeStaging, int, int, int], None] | None = None,
+    staged: bool = False,
+    on_commit: Callable[[], Awaitable[Any]] | None = None,
 ) -> SyncReport:
     """Push full weights to replicas and verify every replica's checksum.
 
@@ -544,6 +549,13 @@ async def push_weights_async(
             file fails the push instead of falling back).
         staging_hook: Test hook: ``hook(staging, bucket_index, offset, nbytes)`` runs after the trainer wrote a
             bucket into the node staging file, before the replicas read it.
+        staged: Two phases instead of streaming. **Stage**, while the replicas keep serving: every bucket goes to
+            the replica side (the node staging file; Ray-path replicas copy theirs into their engine's staging
+            file, ``stage_weight_bucket``). **Commit**, once every replica holds every bucket: per replica
+            ``begin_weight_update`` (the pause: in-flight requests are aborted and continue from their prefix under
+            the new weights), one load call for all staged buckets, ``finish_weight_update`` with the usual checks.
+            Generation stops only for the commit (``SyncReport.per_replica_commit_seconds``).
+        on_commit: Awaited once, between the two phases of a staged push (e.g. to mark the replicas as syncing).
 
     Returns:
         A :class:`SyncReport` (``per_replica_transport`` says which path each replica took).
@@ -631,7 +643,54 @@ async def push_weights_async(
         finally:
             put_seconds = time.perf_counter() - t
 
+    targets = [r for r in replicas if r.replica_id not in failures]
+    staging_left = len(targets)
+    all_staged = asyncio.Event()
+    commit_seconds: dict[str, float] = {}
+
+    async def stage_done() -> None:
+        nonlocal staging_left
+        staging_left -= 1
+        if staging_left == 0:
+            try:
+                if on_commit is not None:
+                    await on_commit()
+            finally:
+                all_staged.set()
+
+    async def one_staged(r: ReplicaHandle) -> tuple[str, float]:
+        s = time.perf_counter()
+        rid = r.replica_id
+        local = rid in node_local
+        mine = per_replica[rid]
+        spans: list[tuple[int, int]] = []
+        try:  # stage: the replica keeps serving meanwhile
+            if local:
+                spans = [await fut for fut in refs[rid]]
+            else:
+                total_r, off = sum(b.nbytes for b in mine), 0
+                for fut, b in zip(refs[rid], mine):
+                    await r.call("stage_weight_bucket", await fut, off, total_r)
+                    spans.append((off, b.nbytes))
+                    off += b.nbytes
+        finally:
+            await stage_done()
+        await all_staged.wait()
+        c = time.perf_counter()  # commit: the only pause
+        await r.call("begin_weight_update", version, 0)
+        try:
+            await r.call("load_weight_from_node_staging" if local else "load_weight_from_staging", spans)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await r.call("abort_weight_update")
+            raise
+        got = await r.call("finish_weight_update")
+        commit_seconds[rid] = time.perf_counter() - c
+        return got, time.perf_counter() - s
+
     async def one(r: ReplicaHandle) -> tuple[str, float]:
+        if staged:
+            return await one_staged(r)
         s = time.perf_counter()
         local = r.replica_id in node_local
         mine = per_replica[r.replica_id]
@@ -657,7 +716,6 @@ async def push_weights_async(
         got = await r.call("finish_weight_update")
         return got, time.perf_counter() - s
 
-    targets = [r for r in replicas if r.replica_id not in failures]
     try:
         producing = asyncio.ensure_future(producer()) if targets else None
         results = await asyncio.gather(*(one(r) for r in targets), return_exceptions=True)
@@ -681,6 +739,7 @@ async def push_weights_async(
         checksum=checksum,
         transport="+".join(sorted(kinds)) or "none",
     )
+    report.per_replica_commit_seconds.update(commit_seconds)
     for r, res in zip(targets, results):
         report.per_replica_transport[r.replica_id] = "node_shm" if r.replica_id in node_local else "ray_object_store"
         if isinstance(res, BaseException):

@@ -206,6 +206,49 @@ def test_node_shm_transport_names_a_replica_that_cannot_map_the_file(run_async) 
     assert err.value.report is not None and err.value.report.replica_checksums["near"] == checksum_state(_state())
 
 
+def test_staged_push_writes_every_bucket_before_any_replica_pauses(run_async) -> None:
+    sd = _state(7)
+    events: list[str] = []
+    reps = [_ShmReplica("a"), _ShmReplica("b")]
+    for r in reps:
+        orig = r.call
+
+        async def logged(method: str, *args: Any, _orig: Any = orig, _rid: str = r.replica_id) -> Any:
+            events.append(f"{_rid}:{method}")
+            return await _orig(method, *args)
+
+        r.call = logged  # type: ignore[method-assign]
+
+    async def on_commit() -> None:
+        events.append("on_commit")
+
+    def wrote(staging: NodeStaging, index: int, offset: int, nbytes: int) -> None:
+        events.append(f"wrote:{index}")
+
+    rep = run_async(
+        push_weights_async(
+            sd,
+            reps,
+            version=3,
+            bucket_bytes=1500,
+            transport="node_shm",
+            staged=True,
+            on_commit=on_commit,
+            staging_hook=wrote,
+        )
+    )
+    assert set(rep.replica_checksums.values()) == {checksum_state(sd)}
+    commit = events.index("on_commit")
+    assert events.count("on_commit") == 1
+    assert [e for e in events[:commit] if e.startswith("wrote:")] == [f"wrote:{i}" for i in range(rep.num_buckets)]
+    assert not any(e.endswith(("begin_weight_update", "load_weight_from_node_staging")) for e in events[:commit])
+    for rid in ("a", "b"):  # one pause per replica: begin -> one load call with every bucket -> finish
+        mine = [e.split(":")[1] for e in events[commit:] if e.startswith(rid + ":")]
+        assert mine == ["begin_weight_update", "load_weight_from_node_staging", "finish_weight_update"]
+    assert set(rep.per_replica_commit_seconds) == {"a", "b"}
+    assert all(0 <= rep.per_replica_commit_seconds[rid] <= rep.per_replica_seconds[rid] for rid in ("a", "b"))
+
+
 def test_unknown_transport_is_rejected(run_async) -> None:
     with pytest.raises(ValueError, match="transport must be 'auto', 'ray' or 'node_shm'"):
         run_async(push_weights_async(_state(), [], version=1, transport="nfs"))
@@ -303,6 +346,40 @@ def test_push_changes_generations_and_checksums_match(vllm_replicas, tiny_hf_mod
         assert set(rep.per_replica_seconds) == {"r0", "r1"} and rep.gb_per_s > 0
     assert out_a == [ref_a, ref_a] and out_b == [ref_b, ref_b]
     assert sums == [rep_b.checksum] * 2 and versions == [202, 202]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["auto", "ray"])
+def test_staged_push_keeps_replicas_generating_until_the_commit(
+    transport, vllm_replicas, tiny_hf_model, hf_reference, run_async
+) -> None:
+    state = hf_reference.perturbed_state(tiny_hf_model, seed=27 if transport == "auto" else 28)
+    ref = [hf_reference.greedy(tiny_hf_model, p, 12) for p in PROMPTS]
+    r0 = vllm_replicas[0]
+
+    async def go() -> tuple[Any, ...]:
+        before = (await r0.health())["weight_version"]
+        spec = SamplingSpec(max_tokens=480, temperature=1.0, ignore_eos=True)
+        long = asyncio.ensure_future(r0.generate(f"staged-{transport}", [1, 5, 6], spec))
+        while (await r0.health())["tokens_in_flight"] < 4:
+            await asyncio.sleep(0.01)
+        seen: dict[str, Any] = {}
+
+        async def on_commit() -> None:  # every bucket is on the replica side; nothing paused yet
+            seen["health"] = await r0.health()
+
+        report = await push_weights_async(
+            state, vllm_replicas, version=before + 1, transport=transport, staged=True, on_commit=on_commit
+        )
+        return report, seen["health"], await long, await _greedy(vllm_replicas, f"st-{transport}"), before
+
+    report, at_commit, old, out, before = run_async(go())
+    assert at_commit["state"] == "active" and at_commit["inflight"] >= 1  # still generating while staged
+    assert old.finish_reason == "abort" and old.weight_version == before  # paused (aborted) only at the commit
+    assert set(report.replica_checksums.values()) == {checksum_state(state)} and out == [ref, ref]
+    assert set(report.per_replica_commit_seconds) == {"r0", "r1"}
+    kind = "node_shm" if transport == "auto" else "ray_object_store"
+    assert set(report.per_replica_transport.values()) == {kind}
 
 
 @pytest.mark.slow
