@@ -223,6 +223,12 @@ class ReplicaActor:
     async def load_weight_nccl(self, meta: dict[str, Any]) -> dict[str, Any]:
         return await self.engine.load_weight_nccl(meta)
 
+    async def stage_weight_nccl(self, meta: dict[str, Any]) -> dict[str, Any]:
+        return await self.engine.stage_weight_nccl(meta)
+
+    async def load_weight_from_gpu_stage(self) -> dict[str, Any]:
+        return await self.engine.load_weight_from_gpu_stage()
+
     async def finish_weight_update(self) -> str:
         return await self.engine.finish_weight_update()
 

@@ -690,6 +690,22 @@ class VLLMEngine:
         """GPU, standalone: join the trainer's NCCL broadcast group (rank >= 1; the trainer is rank 0)."""
         return await self._rpc("lhr_init_nccl", host, port, rank, world_size)
 
+    async def stage_weight_nccl(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """GPU, staged sync: receive one broadcast bucket into a GPU buffer the engine keeps, while it serves."""
+        if self._update is not None:
+            raise WeightLoadError(f"replica {self.replica_id}: cannot stage weights during a weight update")
+        return await self._rpc("lhr_stage_nccl", meta)
+
+    async def load_weight_from_gpu_stage(self) -> dict[str, Any]:
+        """GPU, staged sync commit: load every bucket :meth:`stage_weight_nccl` received."""
+        if self._update is None:
+            raise WeightLoadError(f"replica {self.replica_id}: load_weight_from_gpu_stage() outside begin/finish")
+        try:
+            return await self._rpc("lhr_load_gpu_stage")
+        except BaseException:
+            await self.abort_weight_update()
+            raise
+
     async def load_weight_nccl(self, meta: dict[str, Any]) -> dict[str, Any]:
         """GPU, standalone: receive one NCCL-broadcast bucket (must run while the trainer broadcasts it)."""
         if self._update is None:
@@ -1143,21 +1159,48 @@ class LHRWorkerExtension:
         self._lhr_nccl = PyNcclCommunicator(pg, device=torch.cuda.current_device())
         return True
 
-    def lhr_load_nccl(self, meta: dict[str, Any]) -> dict[str, Any]:
-        """GPU, standalone: receive one broadcast bucket (layout in ``meta``) and load it."""
-        from lightning_hybrid_rollout.rollout.weight_sync import _ST_DTYPES_INV
-
+    def _lhr_recv_nccl(self, meta: dict[str, Any]) -> torch.Tensor:
         buf = torch.empty(int(meta["nbytes"]), dtype=torch.uint8, device=torch.cuda.current_device())
         stream = torch.cuda.current_stream()
         self._lhr_nccl.broadcast(buf, src=0, stream=stream)
         stream.synchronize()
+        return buf
+
+    @staticmethod
+    def _lhr_nccl_views(meta: dict[str, Any], buf: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        from lightning_hybrid_rollout.rollout.weight_sync import _ST_DTYPES_INV
+
         items = []
         for m in meta["tensors"]:
             dtype = _ST_DTYPES_INV[m["dtype"]]
             n = int(torch.Size(m["shape"]).numel()) * torch.empty((), dtype=dtype).element_size()
             items.append((m["name"], buf[m["offset"] : m["offset"] + n].view(dtype).reshape(m["shape"])))
+        return items
+
+    def lhr_load_nccl(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """GPU, standalone: receive one broadcast bucket (layout in ``meta``) and load it."""
+        buf = self._lhr_recv_nccl(meta)
         self._lhr_update["keep"].append(buf)  # type: ignore[index]
-        return self._lhr_feed(items)
+        return self._lhr_feed(self._lhr_nccl_views(meta, buf))
+
+    def lhr_stage_nccl(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """GPU, staged sync: receive one broadcast bucket and keep it for :meth:`lhr_load_gpu_stage`."""
+        stage = getattr(self, "_lhr_gpu_stage", None)
+        if stage is None:
+            stage = self._lhr_gpu_stage = []
+        stage.append((meta, self._lhr_recv_nccl(meta)))
+        return {"bytes": int(meta["nbytes"]), "staged": len(stage)}
+
+    def lhr_load_gpu_stage(self) -> dict[str, Any]:
+        """GPU, staged sync commit: load every staged bucket (the buffers are freed after the update)."""
+        stage, self._lhr_gpu_stage = getattr(self, "_lhr_gpu_stage", None) or [], []
+        if not stage:
+            raise RuntimeError("lhr_load_gpu_stage: nothing staged")
+        tensors = 0
+        for meta, buf in stage:
+            self._lhr_update["keep"].append(buf)  # type: ignore[index]
+            tensors += self._lhr_feed(self._lhr_nccl_views(meta, buf))["tensors"]
+        return {"tensors": tensors, "buckets": len(stage)}
 
     def lhr_finish_update(self) -> dict[str, Any]:
         """Finalize the reload, check coverage and read-back; returns the checksum (or ``error``)."""

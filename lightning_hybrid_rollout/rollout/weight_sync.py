@@ -972,10 +972,15 @@ async def push_weights_nccl_async(
     replicas: Sequence[ReplicaHandle],
     version: int,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    staged: bool = False,
+    on_commit: Callable[[], Awaitable[Any]] | None = None,
 ) -> SyncReport:
     """GPU, standalone replicas (any node): NCCL-broadcast layer-aligned buckets to every engine at once.
 
-    ``replicas`` must be exactly the group's members, in rank order. Untested on CPU machines.
+    ``replicas`` must be exactly the group's members, in rank order. With ``staged`` the engines receive every
+    bucket into GPU buffers they keep (``stage_weight_nccl``, between decode steps: they keep serving), then, after
+    ``on_commit``, each pauses once to load them (``load_weight_from_gpu_stage``); this costs one model's size of
+    GPU memory per engine during the sync. Untested on CPU machines.
     """
     items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
     named = [(n, t.detach()) for n, t in items]
@@ -983,10 +988,11 @@ async def push_weights_nccl_async(
     metas = [NcclWeightBroadcaster.describe(b) for b in buckets]
     nbytes = sum(m["nbytes"] for m in metas)
     ready: list[asyncio.Event] = [asyncio.Event() for _ in buckets]
+    receive = "stage_weight_nccl" if staged else "load_weight_nccl"
 
-    async def load(r: ReplicaHandle) -> Any:
+    async def recv_all(r: ReplicaHandle) -> Any:
         for meta, ev in zip(metas, ready):
-            recv = asyncio.ensure_future(r.call("load_weight_nccl", meta))
+            recv = asyncio.ensure_future(r.call(receive, meta))
             ev.set()
             await recv
 
@@ -996,9 +1002,17 @@ async def push_weights_nccl_async(
             await asyncio.to_thread(broadcaster.broadcast, bucket)
 
     sender = asyncio.ensure_future(send())
+    host_copy = [(n, t.cpu()) for n, t in named]
     try:
-        return await _verified_gpu_push(
-            [(n, t.cpu()) for n, t in named], replicas, version, load, "nccl", nbytes, len(buckets)
-        )
+        if not staged:
+            return await _verified_gpu_push(host_copy, replicas, version, recv_all, "nccl", nbytes, len(buckets))
+        await asyncio.gather(*(recv_all(r) for r in replicas))
     finally:
         await sender
+    if on_commit is not None:
+        await on_commit()
+
+    async def commit(r: ReplicaHandle) -> Any:
+        return await r.call("load_weight_from_gpu_stage")
+
+    return await _verified_gpu_push(host_copy, replicas, version, commit, "nccl_staged", nbytes, len(buckets))

@@ -540,6 +540,14 @@ def test_gpu_ipc_and_nccl_pushes(ray_runtime, tiny_model_dir, tiny_hf_model, hf_
         await join
         rep = await push_weights_nccl_async(bc, cuda_state, [standalone], version=1)
         assert rep.replica_checksums["gpu-standalone"] == checksum_state(state)
+        committed: list[bool] = []
+
+        async def on_commit() -> None:
+            committed.append(True)
+
+        rep = await push_weights_nccl_async(bc, cuda_state, [standalone], version=2, staged=True, on_commit=on_commit)
+        assert rep.transport == "nccl_staged" and committed == [True]
+        assert rep.replica_checksums["gpu-standalone"] == checksum_state(state)
         return [(await r.generate(f"g-{r.replica_id}", PROMPTS[0], GREEDY)).token_ids for r in (hybrid, standalone)]
 
     try:
