@@ -20,6 +20,8 @@ ratio against warm ``copy_`` too.
 Usage::
 
     python benchmarks/weight_sync.py [--hidden 512 --layers 5 --repeats 5 --bucket-mb 32]
+    python benchmarks/weight_sync.py --transport ray     # the path replicas on other nodes take
+    python benchmarks/weight_sync.py --staged            # staged pushes: how long generation is paused
 """
 
 from __future__ import annotations
@@ -114,7 +116,12 @@ async def bench(args: argparse.Namespace, model_dir: Path, rt: Any) -> None:
             for _, t in named:
                 t.mul_(1.0001)  # new weights every push
         rep = await push_weights_async(
-            named, replicas, version=i + 1, bucket_bytes=args.bucket_mb * 2**20, transport=args.transport
+            named,
+            replicas,
+            version=i + 1,
+            bucket_bytes=args.bucket_mb * 2**20,
+            transport=args.transport,
+            staged=args.staged,
         )
         reports.append(rep)
         assert set(rep.replica_checksums.values()) == {rep.checksum} != {expected}
@@ -139,6 +146,9 @@ async def bench(args: argparse.Namespace, model_dir: Path, rt: Any) -> None:
         f"bytes per replica {wire / 1e6:.1f} MB (tensor data {nbytes / 1e6:.1f} MB), replicas {len(replicas)}, "
         f"median push {secs * 1e3:.0f} ms (best {min(r.seconds for r in timed) * 1e3:.0f} ms)"
     )
+    if args.staged:
+        commit = statistics.median(max(r.per_replica_commit_seconds.values()) for r in timed)
+        print(f"staged: median commit (generation paused) {commit * 1e3:.0f} ms = {commit / secs:.2f} of the push")
     print(f"achieved: {achieved:.2f} GB/s (= tensor bytes x replicas / median push seconds)")
     print(f"memcpy:   {clone_gbps:.2f} GB/s torch.clone, {copy_gbps:.2f} GB/s warm copy_ (same tensors, best of 5)")
     print(f"ratio vs warm copy_: {achieved / copy_gbps:.2f}")
@@ -153,6 +163,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--bucket-mb", type=int, default=32)
     parser.add_argument("--transport", choices=("auto", "ray", "node_shm"), default="auto")
+    parser.add_argument(
+        "--staged", action="store_true", help="staged pushes (replicas serve while staging; prints the commit share)"
+    )
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "lhr-bench-weight-sync")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
