@@ -231,6 +231,18 @@ class AsyncTrainingConfig(_ConfigBase):
     """After activating hybrid replicas, clear the load balancer's sticky cache and abort + resume in-flight requests
     so least-loaded routing moves load onto the newly active (empty) replicas."""
 
+    overlap_sync: bool = False
+    """At a sync boundary, ask ``should_activate_after_step`` (with the finished cycle's measurements) *before* the
+    standalone weight sync; if it will activate, offload the trainer and wake + sync the hybrid replicas
+    concurrently with the standalone sync, so the activation that follows only adds and resumes them (the
+    simulator's ``sequencing: overlap_sync``). False = the seed's order: standalone sync, then decide."""
+
+    early_first_sync: bool = False
+    """Sync weights after the *first* optimizer step as well (a one-step first cycle), then every
+    ``trigger_parameter_sync_step`` steps as usual: the same optimizer steps, one more sync and param version, and
+    the policy's first decision comes after one measured step instead of a whole cycle (the simulator's
+    ``early_first_sync``)."""
+
     # --- Parameters of fully-async training used by dynamic scheduling (seed §2, "Existing Async-Training") -----
 
     staleness_threshold: float = 0.1
@@ -276,6 +288,8 @@ class AsyncTrainingConfig(_ConfigBase):
             low_open=True,
         )
         c.boolean("dynamic_schedule_enable_rebalance", self.dynamic_schedule_enable_rebalance)
+        c.boolean("overlap_sync", self.overlap_sync)
+        c.boolean("early_first_sync", self.early_first_sync)
         c.real(
             "staleness_threshold",
             self.staleness_threshold,

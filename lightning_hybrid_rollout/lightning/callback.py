@@ -12,6 +12,11 @@ Per sync cycle of ``trigger_parameter_sync_step`` optimizer steps (seed §1, "Po
                                -> request_rebalance + rebalance (if enabled) -> update_after_step
         dynamic_resource/* metrics for the cycle
 
+With ``async_training.overlap_sync`` the cycle end asks ``should_activate_after_step`` first (with the cycle's
+measurements); if it will activate: offload (every rank), then the standalone weight sync concurrently with
+wake -> hybrid sync; ``controller.after_sync`` then only adds and resumes (or, if the policy changed its mind,
+the replicas go back to sleep). With ``async_training.early_first_sync`` the first cycle ends after one step.
+
 Only global rank 0 owns Ray, the replicas, the rollouter and the controller; every rank takes part in the
 weight gather, the offload/onload and the batch broadcast, so ``devices > 1`` works.
 """
@@ -134,7 +139,11 @@ class HybridRolloutCallback(Callback):
         self.hybrid_sync_skipped = 0
         self.generated_offset = 0
         self.switch_events: list[dict[str, Any]] = []
+        #: One entry per ``overlap_sync`` preparation: timings, seconds saved, whether the controller activated.
+        self.overlap_events: list[dict[str, Any]] = []
         self.call_log: list[str] = []
+        self._offload_broadcast_done = False
+        self._overlap_saved_s = 0.0
         self.last_cycle_metrics: dict[str, float] = {}
         self._metrics: dict[str, Any] = {}
 
@@ -154,11 +163,16 @@ class HybridRolloutCallback(Callback):
     def state_key(self) -> str:
         return "HybridRolloutCallback"
 
+    def _is_sync_boundary(self, global_step: int) -> bool:
+        """Every ``trigger_parameter_sync_step`` steps, and after the first step with ``early_first_sync``."""
+        a = self.async_training
+        return global_step % a.trigger_parameter_sync_step == 0 or (a.early_first_sync and global_step == 1)
+
     def _is_cycle_start(self, trainer: Trainer) -> bool:
-        return trainer.global_step % self.async_training.trigger_parameter_sync_step == 0
+        return self._is_sync_boundary(trainer.global_step)
 
     def _is_cycle_end(self, trainer: Trainer) -> bool:
-        return trainer.global_step % self.async_training.trigger_parameter_sync_step == 0
+        return self._is_sync_boundary(trainer.global_step)
 
     # ----------------------------------------------------------------------------------------------- lifecycle
 
@@ -387,14 +401,18 @@ class HybridRolloutCallback(Callback):
         pl_module.param_version = self.param_version
         sync_s = 0.0
         if trainer.is_global_zero:
-            t_sync = time.monotonic()
-            sync_s = self._runtime.push_standalone(self._cycle_weights, self.param_version)
-            self._runtime.trace_phase("weight_sync", t_sync, time.monotonic(), target="standalone")
+            prepared = self.async_training.overlap_sync and self._activates_before_sync(self.cycles_done + 1)
+            if prepared:
+                sync_s = self._overlapped_sync(trainer)
+            else:
+                t_sync = time.monotonic()
+                sync_s = self._runtime.push_standalone(self._cycle_weights, self.param_version)
+                self._runtime.trace_phase("weight_sync", t_sync, time.monotonic(), target="standalone")
             self.call_log.append("sync_standalone")
             stats = self._runtime.rollouter.reset_staleness()
             self._runtime.rollouter.update_weight_version(self.param_version)
             self.cycles_done += 1
-            end = self._after_sync(trainer, global_steps=self.cycles_done)
+            end = self._after_sync(trainer, global_steps=self.cycles_done, prepared=prepared)
             self._emit_cycle(trainer, self._cycle_inputs(stats, sync_s, end))
         else:
             self.cycles_done += 1
@@ -402,17 +420,77 @@ class HybridRolloutCallback(Callback):
             self._emit_cycle(trainer, None)
         self._cycle_weights = None
 
-    def _after_sync(self, trainer: Trainer, global_steps: int) -> Any:
+    def _activates_before_sync(self, global_steps: int) -> bool:
+        """``overlap_sync``: ask ``should_activate_after_step`` before the standalone sync (rank 0).
+
+        The context carries the cycle's measurements so far (:meth:`Rollouter.peek_role_window`: the window is
+        taken, as always, by :meth:`_after_sync`). Not asked when nothing could be prepared (hybrid replicas active
+        already, none at all, or a failed cleanup still pending).
+        """
+        c = self._controller
+        if c is None or c.is_hybrid_active or not c.has_hybrid or not self._runtime.hybrid or c.pending_cleanup:
+            return False
+        ctx = self._context(self._runtime.rollouter.peek_role_window())
+        self.call_log.append("overlap_should_activate")
+        return bool(c.policy.should_activate_after_step(global_steps, c.is_hybrid_active, ctx))
+
+    def _overlapped_sync(self, trainer: Trainer) -> float:
+        """``overlap_sync`` when the policy will activate: offload, then both weight syncs at once (rank 0).
+
+        Every rank offloads first (this boundary's one broadcast), then the standalone weight sync runs concurrently
+        with wake -> hybrid weight sync. Returns the standalone sync's seconds.
+        """
+        rt = self._runtime
+        t0 = time.monotonic()
+        self._offload_broadcast_done = False
+        self._broadcast_offload(trainer)  # every rank offloads before the hybrid engines wake
+        t_offload = time.monotonic()
+        rt.trace_phase("switching", t0, t_offload, op="offload")
+        rep = rt.push_standalone_overlapped(self._cycle_weights, self.param_version)
+        self.call_log.append("overlap_prepare")
+        rt.trace_phase("weight_sync", rep.start_s, rep.standalone_end_s, target="standalone", overlap="hybrid")
+        if rep.end_s > rep.standalone_end_s:
+            rt.trace_phase("switching", rep.standalone_end_s, rep.end_s, op="hybrid wake/sync (overlapped)")
+        self._overlap_saved_s = rep.saved_s
+        self.overlap_events.append(
+            {
+                "cycle": self.cycles_done + 1,
+                "offload_s": t_offload - t0,
+                "standalone_s": rep.standalone_s,
+                "wake_s": rep.wake_s,
+                "hybrid_sync_s": rep.hybrid_sync_s,
+                "wall_s": rep.wall_s,
+                "saved_s": rep.saved_s,
+                "hybrid_error": rep.hybrid_error,
+            }
+        )
+        rank_zero_info(
+            f"[lhr] cycle {self.cycles_done + 1}: hybrid wake + sync under the standalone sync "
+            f"({rep.wake_s:.3f}s + {rep.hybrid_sync_s:.3f}s under {rep.standalone_s:.3f}s, saved {rep.saved_s:.3f}s)"
+        )
+        return rep.standalone_s
+
+    def _after_sync(self, trainer: Trainer, global_steps: int, prepared: bool = False) -> Any:
+        """After the standalone sync (rank 0): the controller's activation decision and what follows.
+
+        Args:
+            trainer: The trainer.
+            global_steps: Cycles done (0: the start decision).
+            prepared: ``overlap_sync`` already offloaded (its broadcast went out) and woke + synced the hybrid
+                replicas; if the controller does not activate them now, they go back to sleep.
+        """
         assert self._controller is not None
         ctx = self._context(self._runtime.rollouter.take_role_window())
         self.call_log.append("should_activate_after_step")
-        self._offload_broadcast_done = False
+        self._offload_broadcast_done = prepared
         end = self._controller.after_sync(global_steps, ctx)
         if global_steps == 0:
             # the start decision's own activation is not part of any cycle (as in the simulator)
             self._runtime.rollouter.take_role_window()
         if not self._offload_broadcast_done:
             self._broadcast(trainer, "stay")
+        if prepared:
+            self._finish_overlap(end)
         if end.activated:
             t_sw = time.monotonic() - end.activate_duration_s
             self._runtime.trace_phase("switching", t_sw, t_sw + end.activate_duration_s, op="activate")
@@ -421,10 +499,33 @@ class HybridRolloutCallback(Callback):
             rank_zero_info(f"[lhr] cycle {global_steps}: hybrid replicas activated ({end.activate_duration_s:.3f}s)")
         if end.rebalanced:
             self.call_log.append("request_rebalance")
-        if not self._controller.is_hybrid_active and self.rollout.hybrid_replicas > 0:
+        synced = prepared and self.overlap_events[-1]["hybrid_error"] is None
+        if not self._controller.is_hybrid_active and self.rollout.hybrid_replicas > 0 and not synced:
             self.hybrid_sync_skipped += 1
         self.call_log.append("update_after_step")
         return end
+
+    def _finish_overlap(self, end: Any) -> None:
+        """``overlap_sync``: the controller decided after the sync; undo the preparation if it did not activate.
+
+        The trainer stays offloaded until the next cycle start onloads it on every rank (as after a deactivation).
+        """
+        assert self._controller is not None
+        event = self.overlap_events[-1]
+        event["activated"] = bool(end.activated)
+        pool = self._runtime.pool
+        if self._controller.is_hybrid_active or not getattr(pool, "awake", False):
+            return
+        t0 = time.monotonic()
+        pool.sleep_replicas()
+        duration_s = time.monotonic() - t0
+        event["undo_s"] = duration_s
+        self.call_log.append("overlap_undo")
+        self._runtime.trace_phase("switching", t0, t0 + duration_s, op="sleep (overlap undone)")
+        rank_zero_info(
+            f"[lhr] cycle {self.cycles_done}: the policy changed its mind after the sync; hybrid replicas back to "
+            f"sleep ({duration_s:.3f}s)"
+        )
 
     # ------------------------------------------------------------------------------- offload / onload / weights
 
@@ -434,7 +535,14 @@ class HybridRolloutCallback(Callback):
         return trainer.strategy.broadcast(msg, src=0)
 
     def _broadcast_offload(self, trainer: Trainer) -> None:
-        """Called by the pool right before the hybrid engines wake (rank 0): every rank offloads first."""
+        """Called by the pool right before the hybrid engines wake (rank 0): every rank offloads first.
+
+        At most one broadcast per sync boundary (the other ranks receive one): if this boundary's went out already
+        (``overlap_sync`` offloaded before the standalone sync), only the local offload runs (a no-op by then).
+        """
+        if self._offload_broadcast_done:
+            self._offload(trainer)
+            return
         self._offload_broadcast_done = True
         self._broadcast(trainer, "offload")
         self._offload(trainer)
@@ -560,6 +668,9 @@ class HybridRolloutCallback(Callback):
                 "dynamic_resource/onload_s": float(getattr(self, "_last_onload_s", 0.0)),
             },
         }
+        if self.async_training.overlap_sync:
+            inputs["extra"]["dynamic_resource/overlap_saved_s"] = self._overlap_saved_s
+            self._overlap_saved_s = 0.0
         self._cycle = _CycleTimes(start_s=now)
         return inputs
 

@@ -14,6 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -81,10 +82,59 @@ class _LoopThread:
         self._thread.join(5)
 
 
+@dataclass
+class OverlapReport:
+    """Timings of :meth:`RolloutRuntime.push_standalone_overlapped` (``time.monotonic()`` readings).
+
+    Args:
+        start_s: Both halves started.
+        standalone_end_s: The standalone weight sync finished.
+        wake_end_s: The hybrid replicas were awake (``start_s`` if the hybrid half failed).
+        hybrid_end_s: The hybrid weight sync finished (``start_s`` if the hybrid half failed).
+        end_s: Both halves finished.
+        hybrid_error: Why the hybrid half failed (the replicas were put back to sleep), or None.
+    """
+
+    start_s: float
+    standalone_end_s: float
+    wake_end_s: float
+    hybrid_end_s: float
+    end_s: float
+    hybrid_error: str | None = None
+
+    @property
+    def standalone_s(self) -> float:
+        """Seconds of the standalone weight sync."""
+        return self.standalone_end_s - self.start_s
+
+    @property
+    def wake_s(self) -> float:
+        """Seconds of the hybrid wake-up."""
+        return self.wake_end_s - self.start_s
+
+    @property
+    def hybrid_sync_s(self) -> float:
+        """Seconds of the hybrid weight sync (after the wake-up)."""
+        return self.hybrid_end_s - self.wake_end_s
+
+    @property
+    def wall_s(self) -> float:
+        """Seconds the caller was blocked: ``max(standalone, wake + hybrid sync)`` plus scheduling noise."""
+        return self.end_s - self.start_s
+
+    @property
+    def saved_s(self) -> float:
+        """Seconds saved against the seed's order (standalone sync, then wake, then hybrid sync, one after another)."""
+        return max(0.0, self.standalone_s + self.wake_s + self.hybrid_sync_s - self.wall_s)
+
+
 class HybridReplicaPool:
     """The controller's :class:`~lightning_hybrid_rollout.schedule.ReplicaPool` over the real hybrid replicas.
 
     Every method tolerates being asked to undo what was never done (the controller's rollback relies on it).
+    The pool tracks whether the engines are awake and which weight version they hold: after
+    :meth:`RolloutRuntime.push_standalone_overlapped` prepared them, :meth:`wake_up_replicas` and
+    :meth:`sync_weights` are no-ops, so the activation only adds and resumes them.
 
     Args:
         runtime: The owning runtime.
@@ -94,6 +144,8 @@ class HybridReplicaPool:
         self._rt = runtime
         self.registered = False
         self.awake = False
+        #: Param version the hybrid engines hold while awake (None: asleep, or not synced since they woke).
+        self.weights_version: int | None = None
         self.calls: list[str] = []
 
     @property
@@ -111,6 +163,9 @@ class HybridReplicaPool:
         return self._rt.loop.run(run())
 
     def wake_up_replicas(self) -> None:
+        if self.awake:  # prepared under the standalone sync (overlap_sync)
+            self.calls.append("wake_up_replicas (no-op: awake)")
+            return
         self.calls.append("wake_up_replicas")
         self._rt.before_wake()
         self._rt.set_state(self.ids, "switching")
@@ -118,10 +173,35 @@ class HybridReplicaPool:
         self.awake = True
 
     def sync_weights(self) -> None:
+        version = self._rt.weight_version()
+        if self.awake and self.weights_version == version:  # prepared under the standalone sync (overlap_sync)
+            self.calls.append("sync_weights (no-op: current)")
+            return
         self.calls.append("sync_weights")
         self._rt.set_state(self.ids, "syncing")
-        self._rt.push(self._rt.weights(), self.replicas, self._rt.weight_version())
+        self._rt.push(self._rt.weights(), self.replicas, version)
+        self.weights_version = version
         self._rt.set_state(self.ids, "switching")
+
+    async def wake_and_sync_async(self, weights: list[tuple[str, Any]], version: int) -> tuple[float, float]:
+        """Wake the hybrid engines, then push ``weights`` to them, on the runtime's loop (``overlap_sync``).
+
+        Unlike :meth:`wake_up_replicas` it does not call ``before_wake``: the caller offloaded the training state
+        first (on the trainer's thread, with every rank). Returns the clock readings ``(woken_s, synced_s)``.
+        """
+        self.calls.append("wake_up_replicas (overlapped)")
+        self._rt.set_state(self.ids, "switching")
+        await asyncio.gather(*(r.wake_up() for r in self.replicas))
+        self.awake = True
+        woken_s = time.monotonic()
+        self.calls.append("sync_weights (overlapped)")
+        self._rt.set_state(self.ids, "syncing")
+        report, _ = await self._rt.push_async(weights, self.replicas, version)
+        if report is not None:
+            self._rt.last_hybrid_sync_report = report
+        self.weights_version = version
+        self._rt.set_state(self.ids, "switching")
+        return woken_s, time.monotonic()
 
     def add_replicas(self) -> None:
         self.calls.append("add_replicas")
@@ -148,6 +228,7 @@ class HybridReplicaPool:
         self.calls.append("sleep_replicas")
         self._all(lambda r: r.sleep())
         self.awake = False
+        self.weights_version = None
         self._rt.set_state(self.ids, "parked")
 
     def rebalance_requests(self) -> None:
@@ -198,6 +279,7 @@ class RolloutRuntime:
         self.ray: Any = None
         self.loop: _LoopThread = _LoopThread()
         self.last_sync_report: Any = None
+        self.last_hybrid_sync_report: Any = None
         self._trace: Any = None
         if trace:
             try:
@@ -335,33 +417,112 @@ class RolloutRuntime:
 
     # --------------------------------------------------------------------------------------------- weights
 
-    def push(self, weights: list[tuple[str, Any]], replicas: Sequence[Any], version: int) -> float:
-        """Push full weights to ``replicas`` (checksum-verified); returns seconds."""
-        from lightning_hybrid_rollout.rollout.weight_sync import push_weights
+    async def push_async(
+        self, weights: list[tuple[str, Any]], replicas: Sequence[Any], version: int, **options: Any
+    ) -> tuple[Any, float]:
+        """Push full weights to ``replicas`` on the runtime's loop (checksum-verified).
+
+        Several pushes may run concurrently (each takes its own node staging file).
+
+        Args:
+            weights: ``[(name, tensor), ...]``; nothing is pushed when empty.
+            replicas: Target replica handles; nothing is pushed when empty.
+            version: The weight version the replicas report afterwards.
+            **options: Passed to :func:`~lightning_hybrid_rollout.rollout.weight_sync.push_weights_async`.
+
+        Returns:
+            ``(SyncReport or None, seconds)``.
+        """
+        from lightning_hybrid_rollout.rollout.weight_sync import push_weights_async
 
         if not replicas or not weights:
-            return 0.0
+            return None, 0.0
         t0 = time.monotonic()
-        self.last_sync_report = push_weights(weights, list(replicas), version, loop=self.loop.loop)
-        return time.monotonic() - t0
+        report = await push_weights_async(weights, list(replicas), version, **options)
+        return report, time.monotonic() - t0
+
+    def push(self, weights: list[tuple[str, Any]], replicas: Sequence[Any], version: int) -> float:
+        """Push full weights to ``replicas`` (checksum-verified); returns seconds."""
+        report, seconds = self.loop.run(self.push_async(weights, replicas, version))
+        if report is not None:
+            self.last_sync_report = report
+        return seconds
+
+    async def _set_syncing(self, ids: list[str], syncing: bool) -> None:
+        """Tell the rollouter (another thread's loop) without blocking the runtime's loop."""
+        if self.rollouter is not None and ids:
+            await asyncio.to_thread(self.rollouter.set_syncing, ids, syncing)
+
+    async def _push_standalone_async(self, weights: list[tuple[str, Any]], version: int) -> float:
+        """The standalone weight sync with its bookkeeping, on the runtime's loop; returns seconds.
+
+        The one coroutine behind both :meth:`push_standalone` and :meth:`push_standalone_overlapped`: options of
+        the standalone sync go here. The rollouter is told
+        (:meth:`~lightning_hybrid_rollout.rollout.rollouter.Rollouter.set_syncing`), so the sync does not count as
+        standalone serving time.
+        """
+        ids = [r.replica_id for r in self.standalone]
+        self.set_state(ids, "syncing")
+        await self._set_syncing(ids, True)
+        try:
+            report, seconds = await self.push_async(weights, self.standalone, version)
+            if report is not None:
+                self.last_sync_report = report
+            return seconds
+        finally:
+            await self._set_syncing(ids, False)
+            self.set_state(ids, "active")
 
     def push_standalone(self, weights: list[tuple[str, Any]] | None, version: int) -> float:
-        """Weight sync to every standalone replica (always, each parameter version).
+        """Weight sync to every standalone replica (always, each parameter version); returns seconds.
 
         The rollouter is told (:meth:`~lightning_hybrid_rollout.rollout.rollouter.Rollouter.set_syncing`), so the
         sync does not count as standalone serving time.
         """
-        ids = [r.replica_id for r in self.standalone]
-        self.set_state(ids, "syncing")
-        rollouter = self.rollouter
-        if rollouter is not None and ids:
-            rollouter.set_syncing(ids, True)
-        try:
-            return self.push(weights or [], self.standalone, version)
-        finally:
-            if rollouter is not None and ids:
-                rollouter.set_syncing(ids, False)
-            self.set_state(ids, "active")
+        return self.loop.run(self._push_standalone_async(weights or [], version))
+
+    def push_standalone_overlapped(self, weights: list[tuple[str, Any]] | None, version: int) -> OverlapReport:
+        """The standalone weight sync and, concurrently, wake + weight sync of the hybrid replicas (``overlap_sync``).
+
+        Blocks for ``max(standalone sync, wake + hybrid sync)``. The caller must have offloaded the training state
+        (the hybrid engines take the trainer's devices). Afterwards the pool is awake and holds ``version``, so the
+        controller's activation only adds and resumes the replicas; if it does not activate, the caller puts them
+        back to sleep. A failure of the hybrid half is logged and the replicas are put back to sleep (the
+        activation then takes the seed's path); a failure of the standalone sync raises.
+
+        Args:
+            weights: The trainer's full weights.
+            version: The new parameter version.
+        """
+        items = weights or []
+
+        async def both() -> tuple[float, list[Any]]:
+            t0 = time.monotonic()
+
+            async def standalone() -> float:
+                await self._push_standalone_async(items, version)
+                return time.monotonic()
+
+            got = await asyncio.gather(
+                standalone(), self.pool.wake_and_sync_async(items, version), return_exceptions=True
+            )
+            return t0, list(got)
+
+        t0, (standalone_end, hybrid) = self.loop.run(both())
+        end = time.monotonic()
+        if isinstance(standalone_end, BaseException):
+            raise standalone_end
+        if isinstance(hybrid, BaseException):
+            log.warning(
+                "overlap_sync: the hybrid wake-up / weight sync failed (%r); putting them back to sleep", hybrid
+            )
+            try:
+                self.pool.sleep_replicas()
+            except Exception as err:
+                raise hybrid from err
+            return OverlapReport(t0, standalone_end, t0, t0, end, hybrid_error=repr(hybrid))
+        woken, synced = hybrid
+        return OverlapReport(t0, standalone_end, woken, synced, end)
 
     # ----------------------------------------------------------------------------------------------- trace
     # Conventions of lightning_hybrid_rollout.trace: replica/<kind>_<i> tracks named by state, trainer/trainer

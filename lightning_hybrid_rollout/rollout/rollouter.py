@@ -428,6 +428,15 @@ class Rollouter:
         """
         return self._call(self._take_role_window_async())
 
+    def peek_role_window(self) -> RoleWindow:
+        """The production window per replica role *so far*, without closing it.
+
+        Same fields as :meth:`take_role_window`; the next :meth:`take_role_window` still covers the whole window.
+        For a decision that needs the cycle's measurements before the cycle's bookkeeping ends (the callback's
+        ``overlap_sync`` asks the policy before the standalone weight sync).
+        """
+        return self._call(self._take_role_window_async(restart=False))
+
     def active_server_count(self) -> int:
         """Registered, alive replicas in the load balancer."""
         return self._call(self._lb_async(lambda lb: lb.active_server_count()))
@@ -879,7 +888,7 @@ class Rollouter:
             self._syncing.difference_update(replica_ids)
         self._tick_serving()
 
-    async def _take_role_window_async(self) -> RoleWindow:
+    async def _take_role_window_async(self, restart: bool = True) -> RoleWindow:
         self._tick_serving()
         now = self._serving_t if self._serving_t is not None else self._clock()
         start = self._window_start if self._window_start is not None else now
@@ -889,6 +898,8 @@ class Rollouter:
             start_s=start,
             end_s=now,
         )
+        if not restart:
+            return window
         self._window_serving0 = dict(self._serving_s)
         self._window_tokens0 = dict(self._decoded_tokens)
         self._window_start = now

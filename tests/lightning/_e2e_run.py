@@ -4,7 +4,8 @@ Run as ``python _e2e_run.py SPEC.json`` (a subprocess per run keeps Ray, engine 
 out of the pytest process). Spec keys: ``out`` (report path), ``root`` (run dir), ``model_dir``, ``max_steps``,
 ``policy``, ``standalone``, ``hybrid``, ``only_hybrid``, ``strategy``, ``devices``, ``ckpt_path``,
 ``save_every``, ``wandb``, ``trigger``, ``mini_batch``, ``n``, ``record_contexts`` (report every context the
-policy's ``should_activate_after_step`` saw, its ``forecast`` when it has one, and its state after each update).
+policy's ``should_activate_after_step`` saw, its ``forecast`` when it has one, and its state after each update),
+``overlap_sync``, ``early_first_sync``, ``enable_rebalance``, ``staleness``, ``ratio``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Recorder(Callback):
         if not trainer.is_global_zero:
             return
         rt = self.cb.runtime
+        self.report["pool_calls"] = rt.pool.calls  # the pool's own list: still readable after the runtime stopped
         self.report["restored"] = {
             "param_version": self.cb.param_version,
             "cycles_done": self.cb.cycles_done,
@@ -110,8 +112,12 @@ def main(spec_path: str) -> None:
             dynamic_schedule_policy=spec.get("policy", "default"),
             trigger_parameter_sync_step=spec.get("trigger", 2),
             mini_batch_size=spec.get("mini_batch", 32),
-            staleness_threshold=0.5,
+            staleness_threshold=spec.get("staleness", 0.5),
+            dynamic_schedule_deactivate_ratio=spec.get("ratio", 0.3),
             only_hybrid=spec.get("only_hybrid", False),
+            overlap_sync=spec.get("overlap_sync", False),
+            early_first_sync=spec.get("early_first_sync", False),
+            dynamic_schedule_enable_rebalance=spec.get("enable_rebalance", True),
         ),
         task="arithmetic",
         build_model=True,
@@ -148,6 +154,7 @@ def main(spec_path: str) -> None:
         rep.update(
             call_log=hybrid_cb.call_log,
             switch_events=hybrid_cb.switch_events,
+            overlap_events=hybrid_cb.overlap_events,
             param_version=hybrid_cb.param_version,
             hybrid_sync_skipped=hybrid_cb.hybrid_sync_skipped,
             global_step=trainer.global_step,

@@ -256,3 +256,48 @@ def test_docs_callback_example_runs(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert (tmp_path / "runs" / "demo" / "model" / "config.json").exists()
+
+
+def test_overlap_sync_with_early_first_sync_wakes_and_syncs_hybrid_under_the_standalone_sync(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    rep = run_fit(
+        tmp_path,
+        "overlap",
+        model_dir,
+        max_steps=4,
+        policy="default",
+        overlap_sync=True,
+        early_first_sync=True,
+        enable_rebalance=False,
+        staleness=0.0,  # no buffer beyond the cycle: the trainer waits, so `default` wants the hybrid replica
+        ratio=0.9,
+    )
+    assert rep["global_step"] == 4
+    # early_first_sync: syncs after steps 1, 2 and 4 (trigger 2)
+    assert rep["param_version"] == rep["call_log"].count("sync_standalone") == 3
+    log = rep["call_log"]
+    assert "overlap_prepare" in log, log
+    for i, call in enumerate(log):
+        if call == "overlap_prepare":
+            # asked first, offloaded, then the concurrent syncs; the controller's decision follows the sync
+            assert log[i - 2 : i] == ["overlap_should_activate", "offload"], log
+            assert log[i + 1 : i + 3] == ["sync_standalone", "should_activate_after_step"], log
+    events = rep["overlap_events"]
+    assert events and all(e["hybrid_error"] is None for e in events), events
+    assert all(e["wake_s"] > 0 and e["hybrid_sync_s"] > 0 and e["standalone_s"] > 0 for e in events), events
+    assert all(e["saved_s"] > 0 for e in events), events
+    # an activation after a preparation only adds and resumes
+    calls = rep["pool_calls"]
+    for i, call in enumerate(calls):
+        if call == "wake_up_replicas (no-op: awake)":
+            assert calls[i - 2 : i] == ["wake_up_replicas (overlapped)", "sync_weights (overlapped)"], calls
+            assert calls[i + 1 : i + 4] == [
+                "sync_weights (no-op: current)",
+                "add_replicas",
+                "resume_generation_replicas",
+            ]
+    assert any(e["activated"] for e in events) and "rebalance_requests" not in calls
+    trace = json.loads((Path(rep["root"]) / "trace.json").read_text())
+    spans = [e for e in (trace["traceEvents"] if isinstance(trace, dict) else trace) if e.get("ph") == "X"]
+    assert any(e["name"] == "weight_sync" and (e.get("args") or {}).get("overlap") == "hybrid" for e in spans)

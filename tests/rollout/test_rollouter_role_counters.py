@@ -109,3 +109,34 @@ def test_a_dead_replica_stops_serving():
     finally:
         ro.stop()
     assert window.serving_s == {"standalone": 4.0, "hybrid": 3.0}
+
+
+def test_peek_role_window_reads_the_window_so_far_without_restarting_it():
+    clock = ManualClock(0.0)
+    s = FakeReplica("s", token_latency=(0.0005, 0.001), seed=1)
+    ro, queue = make([s], n_prompts=40, max_required=40, per_replica=4, max_tokens=8, clock=clock)
+    ro.start()
+    try:
+        queue.get_batch(8, timeout=10)
+        clock.t = 4.0
+        ro.set_syncing(["s"], True)
+        clock.t = 5.0
+        peeked = ro.peek_role_window()
+        again = ro.peek_role_window()
+        ro.set_syncing(["s"], False)
+        clock.t = 7.0
+        taken = ro.take_role_window()
+        clock.t = 8.0
+        next_peek = ro.peek_role_window()
+    finally:
+        ro.stop()
+    assert (peeked.start_s, peeked.end_s) == (0.0, 5.0)
+    assert peeked.serving_s == again.serving_s == {"standalone": 4.0, "hybrid": 0.0}  # the sync is not serving
+    assert 0 < peeked.decoded_tokens["standalone"] <= again.decoded_tokens["standalone"]  # generation goes on
+    # the take still covers the whole window, from its start
+    assert (taken.start_s, taken.end_s) == (0.0, 7.0)
+    assert taken.serving_s == {"standalone": 6.0, "hybrid": 0.0}
+    assert taken.decoded_tokens["standalone"] >= peeked.decoded_tokens["standalone"]
+    # and only the take restarts it
+    assert (next_peek.start_s, next_peek.end_s) == (7.0, 8.0)
+    assert next_peek.serving_s == {"standalone": 1.0, "hybrid": 0.0}

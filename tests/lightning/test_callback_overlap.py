@@ -1,0 +1,542 @@
+"""``async_training.overlap_sync`` and ``early_first_sync`` in the runtime (fast: fake replicas, no Ray, no fit).
+
+The callback's real hooks drive a real :class:`RolloutRuntime` (never started: no Ray) whose replicas are in-process
+fakes with timed ``wake_up`` / ``sleep``, a real :class:`Rollouter`, the real :class:`HybridReplicaPool` and a real
+controller. Only ``weight_sync.push_weights_async`` is replaced by a fake that sleeps, so the tests can read from
+timestamps what ran concurrently. The policy's decisions are scripted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from lightning_hybrid_rollout.config import AsyncTrainingConfig, ConfigError, RolloutConfig
+from lightning_hybrid_rollout.lightning.callback import HybridRolloutCallback
+from lightning_hybrid_rollout.lightning.runtime import RolloutRuntime
+from lightning_hybrid_rollout.rollout import weight_sync
+from lightning_hybrid_rollout.rollout.engine import SamplingSpec
+from lightning_hybrid_rollout.rollout.rollouter import Rollouter
+from lightning_hybrid_rollout.schedule import DynamicResourceController
+from tests.rollout.fakes import FakeReplica, char_tokenize
+
+TRAIN_S = 0.01
+PUSH_S = 0.4  # each fake weight push
+WAKE_S = 0.15  # each fake wake-up
+SLEEP_S = 0.02
+
+
+class _Events:
+    """Timestamped labels, in the order they happened."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[float, str]] = []
+
+    def add(self, label: str) -> None:
+        self.items.append((time.monotonic(), label))
+
+    def labels(self, since: int = 0) -> list[str]:
+        return [label for _, label in self.items[since:]]
+
+    def at(self, label: str, since: int = 0) -> float:
+        return next(t for t, lab in self.items[since:] if lab == label)
+
+
+class _TimedReplica(FakeReplica):
+    """A fake replica whose engine can sleep and wake (taking ``WAKE_S`` / ``SLEEP_S``)."""
+
+    def __init__(self, *args: Any, events: _Events, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.events = events
+        self.wakes = 0
+        self.sleeps = 0
+
+    async def wake_up(self) -> float:
+        self.events.add(f"wake:{self.role}:start")
+        await asyncio.sleep(WAKE_S)
+        self.wakes += 1
+        self.events.add(f"wake:{self.role}:end")
+        return WAKE_S
+
+    async def sleep(self) -> float:
+        await asyncio.sleep(SLEEP_S)
+        self.sleeps += 1
+        self.events.add(f"sleep:{self.role}")
+        return SLEEP_S
+
+
+class _Strategy:
+    def __init__(self, events: _Events) -> None:
+        self.events = events
+        self.root_device = torch.device("cpu")
+        self.is_offloaded = False
+        self.broadcasts: list[str] = []
+
+    def barrier(self, *args: Any) -> None:
+        pass
+
+    def broadcast(self, obj: str, src: int = 0) -> str:
+        self.broadcasts.append(obj)
+        return obj
+
+    def offload_training_state(self) -> float:
+        self.events.add("offload")
+        self.is_offloaded = True
+        return 0.0
+
+    def onload_training_state(self) -> float:
+        self.events.add("onload")
+        self.is_offloaded = False
+        return 0.0
+
+
+class _Module:
+    param_version = 0
+
+    def log(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_push(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Replace the real weight push: sleeps ``PUSH_S``, records what it pushed and when."""
+    pushes: list[dict[str, Any]] = []
+
+    async def push_weights_async(named_tensors: Any, replicas: Any, version: int, **kwargs: Any) -> Any:
+        roles = {r.role for r in replicas}
+        assert len(roles) == 1
+        role = roles.pop()
+        rec = {"role": role, "version": version, "ids": [r.replica_id for r in replicas], "start": time.monotonic()}
+        pushes.append(rec)
+        events = replicas[0].events
+        events.add(f"push:{role}:start")
+        await asyncio.sleep(PUSH_S)
+        for r in replicas:
+            r.weight_version = version
+        rec["end"] = time.monotonic()
+        events.add(f"push:{role}:end")
+        return SimpleNamespace(version=version, seconds=rec["end"] - rec["start"])
+
+    monkeypatch.setattr(weight_sync, "push_weights_async", push_weights_async)
+    return pushes
+
+
+def drive(
+    tmp_path: Path,
+    decide: Callable[[str, int], bool],
+    steps: int,
+    *,
+    world_size: int = 1,
+    resume_after: int | None = None,
+    keep_active: bool = False,
+    **async_training: Any,
+) -> dict[str, Any]:
+    """Run the callback's hooks for ``steps`` optimizer steps; ``decide(phase, step)`` scripts the activation gate
+    (``phase`` is ``"early"`` for overlap_sync's question before the sync, ``"controller"`` for after_sync's).
+    Active hybrid replicas are deactivated at every cycle start unless ``keep_active``.
+
+    With ``resume_after=k`` the run stops after step k, saves the callback's state and continues with a fresh
+    callback and runtime restored from it (as a resumed fit does).
+    """
+    a = AsyncTrainingConfig(
+        mini_batch_size=8,
+        trigger_parameter_sync_step=async_training.pop("trigger_parameter_sync_step", 2),
+        staleness_threshold=0.5,
+        dynamic_schedule_enable_rebalance=async_training.pop("dynamic_schedule_enable_rebalance", False),
+        **async_training,
+    )
+    out: dict[str, Any] = {
+        "a": a,
+        "events": _Events(),
+        "asks": [],
+        "boundaries": [],
+        "batches": 0,
+        "onloaded_when_training": [],
+    }
+    events = out["events"]
+    strategy = _Strategy(events)
+    trainer = SimpleNamespace(
+        global_step=0,
+        is_global_zero=True,
+        world_size=world_size,
+        strategy=strategy,
+        lightning_module=torch.nn.Linear(2, 2),
+        loggers=[],
+        callback_metrics={},
+        fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(_batches_that_stepped=0)),
+    )
+    module = _Module()
+
+    def build(state: dict[str, Any] | None) -> tuple[HybridRolloutCallback, RolloutRuntime]:
+        cb = HybridRolloutCallback(RolloutConfig(model_path="unused", hybrid_replicas=1), a, trace=False)
+        rt = RolloutRuntime(
+            RolloutConfig(model_path="unused", hybrid_replicas=1),
+            a,
+            task=None,  # type: ignore[arg-type]
+            tokenizer=None,
+            run_dir=tmp_path,
+            trace=False,
+            before_wake=lambda: cb._broadcast_offload(trainer),  # type: ignore[arg-type]
+            weights=lambda: cb._cycle_weights or [],
+            weight_version=lambda: cb.param_version,
+        )
+        rt.standalone = [
+            _TimedReplica("standalone-0", token_latency=(0.0005, 0.001), seed=1, events=events),
+        ]
+        rt.hybrid = [_TimedReplica("hybrid-0", role="hybrid", token_latency=(0.0005, 0.001), seed=2, events=events)]
+        prompts = ({"prompt": f"p{i:04d}"} for i in range(100_000))
+        rt.rollouter = Rollouter(
+            prompts,
+            char_tokenize,
+            lambda s: 0.0,
+            rt.queue,
+            sampling=SamplingSpec(max_tokens=6),
+            replicas=rt.standalone,
+            max_required_samples=a.max_required_samples,
+            concurrent_samples_per_replica=4,
+        )
+        phases: list[str] = []
+        trace_phase = rt.trace_phase
+
+        def record_phase(phase: str, start: float, end: float, **args: Any) -> None:
+            phases.append(phase if not args.get("op") else f"{phase}:{args['op']}")
+            trace_phase(phase, start, end, **args)
+
+        rt.trace_phase = record_phase  # type: ignore[method-assign]
+        out.setdefault("phases", []).append(phases)
+        cb._runtime = rt
+        cb._run_dir = tmp_path
+        cb._controller = DynamicResourceController(
+            rt.pool,
+            cb.policy,
+            clock=time.monotonic,
+            enable_rebalance=a.dynamic_schedule_enable_rebalance,
+            has_hybrid=True,
+        )
+        policy = cb.policy
+
+        def should_activate_after_step(global_steps: int, is_hybrid_active: bool, ctx: Any) -> bool:
+            phase = "early" if cb.call_log and cb.call_log[-1] == "overlap_should_activate" else "controller"
+            events.add(f"ask:{phase}")
+            out["asks"].append((phase, global_steps, len(ctx.step_wait_samples), ctx.trigger_parameter_sync_step))
+            return decide(phase, global_steps)
+
+        policy.should_activate_after_step = should_activate_after_step  # type: ignore[method-assign]
+        policy.should_deactivate = lambda step, active, ctx: active and not keep_active  # type: ignore[method-assign]
+        policy.deactivate_wait_samples = lambda ctx: 1  # type: ignore[method-assign]
+        if state is not None:
+            cb.load_state_dict(state)
+        return cb, rt
+
+    cb, rt = build(None)
+    try:
+        cb.on_train_start(trainer, module)  # type: ignore[arg-type]
+        for step in range(steps):
+            if resume_after is not None and step == resume_after:
+                state = cb.state_dict()
+                out["saved"] = state
+                rt.stop()
+                out["first"] = cb
+                cb, rt = build(state)
+                cb.on_train_start(trainer, module)  # type: ignore[arg-type]
+            trainer.global_step = step
+            cb.on_train_batch_start(trainer, module, None, step)  # type: ignore[arg-type]
+            out["onloaded_when_training"].append(not strategy.is_offloaded)
+            cb._next_batch()
+            out["batches"] += 1
+            time.sleep(TRAIN_S)
+            trainer.global_step = step + 1
+            mark = {
+                "step": step + 1,
+                "events": len(events.items),
+                "calls": len(rt.pool.calls),
+                "log": len(cb.call_log),
+                "broadcasts": len(strategy.broadcasts),
+            }
+            t0 = time.monotonic()
+            cb.on_train_batch_end(trainer, module, None, None, step)  # type: ignore[arg-type]
+            if cb._is_cycle_end(trainer):  # type: ignore[arg-type]
+                mark["seconds"] = time.monotonic() - t0
+                mark["pool_calls"] = rt.pool.calls[mark["calls"] :]
+                mark["call_log"] = cb.call_log[mark["log"] :]
+                mark["labels"] = events.labels(mark["events"])
+                mark["broadcast"] = strategy.broadcasts[mark["broadcasts"] :]
+                mark["active"] = cb.controller.is_hybrid_active  # type: ignore[union-attr]
+                mark["awake"] = rt.pool.awake
+                mark["param_version"] = cb.param_version
+                out["boundaries"].append(mark)
+    finally:
+        rt.stop()
+    out.update(cb=cb, rt=rt, strategy=strategy)
+    return out
+
+
+SEED_ACTIVATE = ["wake_up_replicas", "sync_weights", "add_replicas", "resume_generation_replicas"]
+PREPARED_ACTIVATE = [
+    "wake_up_replicas (overlapped)",
+    "sync_weights (overlapped)",
+    "wake_up_replicas (no-op: awake)",
+    "sync_weights (no-op: current)",
+    "add_replicas",
+    "resume_generation_replicas",
+]
+
+
+def test_without_overlap_sync_the_cycle_end_keeps_the_seed_order(tmp_path: Path, fake_push: list[Any]) -> None:
+    # cycle 1 activates (then the next cycle start deactivates), cycle 2 does not
+    run = drive(tmp_path, lambda phase, step: step == 1, steps=4, world_size=2)
+    first, second = run["boundaries"]
+    assert first["labels"] == [
+        "push:standalone:start",
+        "push:standalone:end",
+        "ask:controller",
+        "offload",
+        "wake:hybrid:start",
+        "wake:hybrid:end",
+        "push:hybrid:start",
+        "push:hybrid:end",
+    ]
+    assert first["pool_calls"] == SEED_ACTIVATE
+    assert first["call_log"] == [
+        "sync_standalone",
+        "should_activate_after_step",
+        "offload",
+        "activate",
+        "update_after_step",
+    ]
+    assert first["broadcast"] == ["offload"] and first["active"]
+    # the next cycle: deactivated at its start, standalone sync only, no activation
+    assert second["labels"] == ["push:standalone:start", "push:standalone:end", "ask:controller"]
+    assert second["pool_calls"] == [] and second["broadcast"] == ["stay"]
+    assert [p["role"] for p in fake_push] == ["standalone", "hybrid", "standalone"]
+    assert [phase for phase, *_ in run["asks"]] == ["controller"] * 3
+    assert "overlap_should_activate" not in run["cb"].call_log and run["cb"].overlap_events == []
+    assert all(run["onloaded_when_training"])
+
+
+def test_overlap_sync_asks_first_and_wakes_and_syncs_hybrid_during_the_standalone_sync(
+    tmp_path: Path, fake_push: list[Any]
+) -> None:
+    run = drive(
+        tmp_path,
+        lambda phase, step: step == 1,
+        steps=2,
+        world_size=2,
+        overlap_sync=True,
+        dynamic_schedule_enable_rebalance=True,
+    )
+    (b,) = run["boundaries"]
+    ev, since = run["events"], b["events"]
+    # the policy is asked before anything moves, then every rank offloads (one broadcast), then both halves start
+    labels = b["labels"]
+    assert labels[:2] == ["ask:early", "offload"], labels
+    assert b["broadcast"] == ["offload"]
+    s0, s1 = ev.at("push:standalone:start", since), ev.at("push:standalone:end", since)
+    w0, w1 = ev.at("wake:hybrid:start", since), ev.at("wake:hybrid:end", since)
+    h0, h1 = ev.at("push:hybrid:start", since), ev.at("push:hybrid:end", since)
+    assert ev.at("offload", since) <= min(s0, w0)
+    assert abs(w0 - s0) < 0.1  # started together
+    assert w1 <= h0 < s1  # the hybrid sync follows the wake-up and starts while the standalone sync still runs
+    # the controller is asked after the standalone sync, as in the seed; its activation only adds and resumes
+    assert ev.at("ask:controller", since) >= max(s1, h1)
+    assert labels.count("wake:hybrid:start") == 1 and labels.count("push:hybrid:start") == 1
+    assert b["pool_calls"] == [*PREPARED_ACTIVATE, "rebalance_requests"]
+    assert b["call_log"] == [
+        "overlap_should_activate",
+        "offload",
+        "overlap_prepare",
+        "sync_standalone",
+        "should_activate_after_step",
+        "activate",
+        "request_rebalance",
+        "update_after_step",
+    ]
+    assert b["active"] and b["awake"]
+    hybrid = [p for p in fake_push if p["role"] == "hybrid"]
+    assert [p["version"] for p in hybrid] == [b["param_version"]] == [1]
+    # blocked for max(standalone, wake + hybrid sync), not their sum
+    sequential = PUSH_S + WAKE_S + PUSH_S
+    assert b["seconds"] < sequential - 0.25, b["seconds"]
+    (event,) = run["cb"].overlap_events
+    assert event["activated"] and event["hybrid_error"] is None
+    # saved: min(standalone, wake + hybrid sync), what the seed's order adds on top of the longer half
+    assert event["saved_s"] > PUSH_S - 0.1, event
+    assert run["cb"].last_cycle_metrics["dynamic_resource/overlap_saved_s"] == event["saved_s"]
+    # the hybrid replica is routable and generating for the rollouter
+    lb = run["rt"].rollouter.load_balancer
+    assert "hybrid-0" in lb.routable_replica_ids()
+
+
+def test_overlap_sync_traces_the_sync_and_the_overlapped_switch(tmp_path: Path, fake_push: list[Any]) -> None:
+    run = drive(tmp_path, lambda phase, step: step == 1, steps=2, overlap_sync=True)
+    phases = run["phases"][0]
+    i = phases.index("weight_sync")
+    assert phases[i - 1] == "switching:offload" or "switching:offload" not in phases  # offload may take 0 s
+    assert phases[i + 1] == "switching:hybrid wake/sync (overlapped)"
+    assert phases[i + 2] == "switching:activate"
+
+
+def test_overlap_sync_puts_the_replicas_back_to_sleep_when_the_policy_changes_its_mind(
+    tmp_path: Path, fake_push: list[Any]
+) -> None:
+    # yes before the sync, no after it (the post-sync context)
+    run = drive(tmp_path, lambda phase, step: phase == "early", steps=4, world_size=2, overlap_sync=True)
+    first, second = run["boundaries"]
+    for b in (first, second):
+        assert b["labels"][:2] == ["ask:early", "offload"]
+        assert b["labels"][-1] == "sleep:hybrid"
+        assert b["pool_calls"] == ["wake_up_replicas (overlapped)", "sync_weights (overlapped)", "sleep_replicas"]
+        assert b["call_log"] == [
+            "overlap_should_activate",
+            "offload",
+            "overlap_prepare",
+            "sync_standalone",
+            "should_activate_after_step",
+            "overlap_undo",
+            "update_after_step",
+        ]
+        assert b["broadcast"] == ["offload"]
+        assert not b["active"] and not b["awake"]
+    cb = run["cb"]
+    assert [e["activated"] for e in cb.overlap_events] == [False, False]
+    assert all("undo_s" in e for e in cb.overlap_events)
+    assert cb.switch_events == [] and cb.controller.activate_count == 0
+    # the trainer is onloaded at the next cycle start, as after a deactivation: every step trained onloaded
+    assert all(run["onloaded_when_training"])
+    assert run["events"].labels().count("onload") == 1  # the second boundary is the last step
+    assert run["strategy"].is_offloaded
+    assert cb.hybrid_sync_skipped == 1  # the start decision only: the cycles synced the hybrid replica
+
+
+def test_overlap_sync_does_nothing_extra_when_the_policy_will_not_activate(
+    tmp_path: Path, fake_push: list[Any]
+) -> None:
+    run = drive(tmp_path, lambda phase, step: False, steps=4, overlap_sync=True)
+    for b in run["boundaries"]:
+        assert b["labels"] == ["ask:early", "push:standalone:start", "push:standalone:end", "ask:controller"]
+        assert b["pool_calls"] == [] and b["broadcast"] == []
+    assert [p["role"] for p in fake_push] == ["standalone", "standalone"]
+    assert run["cb"].overlap_events == [] and run["cb"].hybrid_sync_skipped == 3
+
+
+def test_overlap_sync_is_not_asked_while_hybrid_is_active(tmp_path: Path, fake_push: list[Any]) -> None:
+    # activated by the start decision (seed path: nothing to overlap there) and kept active through the cycle
+    run = drive(tmp_path, lambda phase, step: True, steps=2, overlap_sync=True, keep_active=True)
+    (b,) = run["boundaries"]
+    assert b["labels"] == ["push:standalone:start", "push:standalone:end", "ask:controller"]
+    assert b["pool_calls"] == [] and b["active"]
+    assert run["rt"].pool.calls == SEED_ACTIVATE and run["cb"].overlap_events == []
+
+
+def test_overlap_sync_prepares_again_after_a_deactivation(tmp_path: Path, fake_push: list[Any]) -> None:
+    run = drive(tmp_path, lambda phase, step: True, steps=4, overlap_sync=True)
+    # the start decision activates (seed path); each cycle start deactivates; each cycle end prepares under the sync
+    assert run["rt"].pool.calls[:4] == SEED_ACTIVATE
+    for b in run["boundaries"]:
+        assert b["labels"][:2] == ["ask:early", "offload"] and b["pool_calls"] == PREPARED_ACTIVATE
+    assert [e["kind"] for e in run["cb"].switch_events] == [
+        "activate",
+        "deactivate",
+        "activate",
+        "deactivate",
+        "activate",
+    ]
+
+
+def test_overlap_sync_asks_with_the_cycles_measurements(tmp_path: Path, fake_push: list[Any]) -> None:
+    run = drive(tmp_path, lambda phase, step: False, steps=4, overlap_sync=True)
+    early = [a for a in run["asks"] if a[0] == "early"]
+    assert [(step, n) for _, step, n, _ in early] == [(1, 2), (2, 2)]  # the whole cycle's collections
+
+
+def test_a_failed_hybrid_half_falls_back_to_the_seed_activation(
+    tmp_path: Path, fake_push: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failures = {"left": 1}
+    wake_up = _TimedReplica.wake_up
+
+    async def flaky(self: _TimedReplica) -> float:
+        if failures["left"]:
+            failures["left"] -= 1
+            raise RuntimeError("wake failed")
+        return await wake_up(self)
+
+    monkeypatch.setattr(_TimedReplica, "wake_up", flaky)
+    run = drive(tmp_path, lambda phase, step: step == 1, steps=2, world_size=2, overlap_sync=True)
+    (b,) = run["boundaries"]
+    assert b["pool_calls"] == ["wake_up_replicas (overlapped)", "sleep_replicas", *SEED_ACTIVATE]
+    assert b["broadcast"] == ["offload"]  # still one broadcast for the boundary
+    assert b["active"] and run["cb"].overlap_events[0]["hybrid_error"]
+
+
+# ------------------------------------------------------------------------------------------- early_first_sync
+
+
+def test_early_first_sync_syncs_after_step_one_then_every_m_steps(tmp_path: Path, fake_push: list[Any]) -> None:
+    early = drive(tmp_path / "early", lambda p, s: False, steps=7, trigger_parameter_sync_step=3, early_first_sync=True)
+    seed = drive(tmp_path / "seed", lambda p, s: False, steps=7, trigger_parameter_sync_step=3)
+    assert [b["step"] for b in early["boundaries"]] == [1, 3, 6]
+    assert [b["step"] for b in seed["boundaries"]] == [3, 6]
+    # same optimizer steps and samples, one more sync and param version
+    assert early["batches"] == seed["batches"] == 7
+    assert early["cb"].samples_consumed == seed["cb"].samples_consumed == 7 * early["a"].required_samples
+    assert early["cb"].param_version == early["cb"].cycles_done == 3
+    assert seed["cb"].param_version == seed["cb"].cycles_done == 2
+    assert [p["version"] for p in fake_push if p["role"] == "standalone"] == [1, 2, 3, 1, 2]
+    # the policy decides after each sync; the first cycle has one collection, the context keeps m
+    assert [(s, n, m) for _, s, n, m in early["asks"]] == [(0, 0, 3), (1, 1, 3), (2, 2, 3), (3, 3, 3)]
+    # a cycle starts at step 0 and after every sync: before_step ran at global steps 0, 1, 3, 6
+    assert early["cb"].call_log.count("should_deactivate") == 4
+    assert seed["cb"].call_log.count("should_deactivate") == 3
+
+
+def test_early_first_sync_with_m_one_changes_nothing(tmp_path: Path, fake_push: list[Any]) -> None:
+    run = drive(tmp_path, lambda p, s: False, steps=3, trigger_parameter_sync_step=1, early_first_sync=True)
+    assert [b["step"] for b in run["boundaries"]] == [1, 2, 3] and run["cb"].param_version == 3
+
+
+@pytest.mark.parametrize("resume_after", [1, 2])
+def test_early_first_sync_resumes_on_the_same_cadence(tmp_path: Path, fake_push: list[Any], resume_after: int) -> None:
+    run = drive(
+        tmp_path,
+        lambda p, s: False,
+        steps=7,
+        trigger_parameter_sync_step=3,
+        early_first_sync=True,
+        resume_after=resume_after,
+    )
+    assert run["saved"]["param_version"] == run["saved"]["cycles_done"] == 1
+    assert [b["step"] for b in run["boundaries"]] == [1, 3, 6]
+    assert run["cb"].param_version == run["cb"].cycles_done == 3
+    assert run["cb"].call_log.count("should_deactivate") == (3 if resume_after == 1 else 2)
+
+
+def test_early_first_sync_and_overlap_sync_prepare_the_first_activation_after_one_step(
+    tmp_path: Path, fake_push: list[Any]
+) -> None:
+    run = drive(
+        tmp_path,
+        lambda phase, step: step == 1,
+        steps=3,
+        trigger_parameter_sync_step=3,
+        early_first_sync=True,
+        overlap_sync=True,
+    )
+    first = run["boundaries"][0]
+    assert first["step"] == 1 and first["pool_calls"] == PREPARED_ACTIVATE and first["active"]
+
+
+def test_new_flags_default_off_and_are_checked() -> None:
+    a = AsyncTrainingConfig()
+    assert a.overlap_sync is False and a.early_first_sync is False
+    with pytest.raises(ConfigError, match="overlap_sync"):
+        AsyncTrainingConfig(overlap_sync="yes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="early_first_sync"):
+        AsyncTrainingConfig(early_first_sync=1)  # type: ignore[arg-type]
