@@ -8,7 +8,7 @@ Per run, on the virtual clock of a :class:`~lightning_hybrid_rollout.sim.world.R
     for each param version v = 0 .. steps-1, for each of the trigger_parameter_sync_step micro fit-steps:
         controller.before_step(v, ctx, wait_for_samples)   # should_deactivate -> wait -> remove, abort, sleep
         wait until the queue holds required_samples; take them; train (trainer compute model)
-        last micro-step: weight sync to standalone replicas (their generation paused), version v+1 published,
+        last micro-step: weight sync to standalone replicas (paused, in-flight aborted), version v+1 published,
             controller.after_sync(v+1, ctx) (not after the last step)  # activate: wake, sync, add, resume, rebalance
             rollouter.reset_staleness(); the cycle's dynamic_resource/* metrics (metrics.cycle_metrics)
 
@@ -82,6 +82,7 @@ GAP_HELP: dict[str, str] = {
     "standalone_not_serving_other": "standalone replicas not serving for another reason",
     "standalone_below_peak": "standalone replicas with fewer samples than their limit (admission open)",
     "standalone_below_peak_admission_blocked": "standalone replicas under-filled while admission was blocked",
+    "reprefill_after_standalone_sync_aborts": "re-prefill of samples aborted by the standalone weight sync",
     "reprefill_after_standalone_aborts": "re-prefill of samples aborted on standalone replicas (rebalance)",
     "reprefill_after_hybrid_aborts": "re-prefill of samples aborted on hybrid replicas (deactivation, rebalance)",
     "drain_queued_untrained": "samples still queued at the end (generated, never trained)",
@@ -97,7 +98,7 @@ BREAKDOWN_HELP: dict[str, str] = {
     "waiting_idle": "waiting for samples with the trainer's devices idle (hybrid asleep or absent)",
     "waiting_staleness_bound": "idle waiting while admission was blocked by the staleness budget / queue bound",
     "hybrid_switching": "hybrid wake-up, sleep, add/remove/resume/abort and rebalance",
-    "weight_sync_standalone": "weight sync to standalone replicas (their generation paused too)",
+    "weight_sync_standalone": "weight sync to standalone replicas (paused, their requests in flight aborted)",
     "weight_sync_hybrid": "weight sync to hybrid replicas (only when the policy activates them)",
 }
 
@@ -426,11 +427,17 @@ class _Run:
         return sw.standalone_sync_s
 
     def _pause_standalone(self) -> None:
-        """Standalone replicas stop generating for their weight load (``standalone_sync_aborts``: abort first)."""
+        """Standalone replicas stop generating for their weight load: ``begin_weight_update`` of the runtime.
+
+        With ``standalone_sync_aborts`` (the runtime's behaviour) their requests in flight are aborted here and
+        re-sent with their prefix (partial rollout); they wait on the paused replicas and pay the re-prefill after
+        the load. This is the start of the sync with the seed's sequencing and the commit with
+        ``staged_standalone_sync`` (the replicas kept generating while the buckets were staged).
+        """
         w = self.world
         w.set_state(w.standalone, "syncing", serving=False)
         if self.run.standalone_sync_aborts:
-            w.abort([r for r in w.standalone if r.members])  # retried from their prefix on the same replicas
+            w.abort([r for r in w.standalone if r.members], account="standalone_sync_reprefill")
 
     def _standalone_sync(self) -> float:
         w = self.world
@@ -712,6 +719,7 @@ class _Run:
         )
         out["standalone_below_peak"] = acc.get("standalone_below_peak", 0.0)
         out["standalone_below_peak_admission_blocked"] = acc.get("standalone_below_peak_throttled", 0.0)
+        out["reprefill_after_standalone_sync_aborts"] = acc.get("standalone_sync_reprefill", 0.0)
         out["reprefill_after_standalone_aborts"] = acc.get("standalone_reprefill", 0.0)
         out["reprefill_after_hybrid_aborts"] = acc.get("hybrid_reprefill", 0.0)
         unit = w.standalone_peak_per_device

@@ -306,12 +306,16 @@ class RunSpec:
             instead of a whole cycle. The length model follows training progress (micro-steps), not versions.
         staged_standalone_sync: Runtime option (off = the seed's sync, standalone generation paused for all of
             ``switch.standalone_sync_s``). The weights are staged on the standalone replicas' side while they keep
-            generating; they pause (keeping their requests) only for the last ``switch.standalone_commit_s`` of the
-            sync to load them. The trainer is blocked for ``standalone_sync_s`` either way.
-        standalone_sync_aborts: Fidelity option (off = the calibrated model: a standalone sync pauses generation and
-            keeps the requests in flight, vLLM ``pause_generation(mode="keep")``). On: the requests in flight are
-            aborted when the replicas pause and resume from their prefix afterwards, paying the re-prefill (what
-            the runtime's engine does today).
+            generating; they pause only for the last ``switch.standalone_commit_s`` of the sync to load them (the
+            commit; with ``standalone_sync_aborts`` their requests are aborted there). The trainer is blocked for
+            ``standalone_sync_s`` either way.
+        standalone_sync_aborts: Fidelity option, on by default because the runtime does it: when the standalone
+            replicas pause for their weight sync (``VLLMEngine.begin_weight_update`` → ``_abort_all``) their
+            requests in flight are aborted and the rollouter re-sends them with their generated prefix (partial
+            rollout), paying the re-prefill (``switch.resume_prefill_ratio``). The pause, and so the abort, starts
+            the sync with the seed's sequencing and comes at the commit with ``staged_standalone_sync`` (the
+            replicas keep generating while the buckets are staged). Off: a what-if in which the pause keeps the
+            requests (vLLM ``pause_generation(mode="keep")``), which no runtime here implements.
     """
 
     name: str
@@ -324,7 +328,7 @@ class RunSpec:
     sequencing: str = "seed"
     early_first_sync: bool = False
     staged_standalone_sync: bool = False
-    standalone_sync_aborts: bool = False
+    standalone_sync_aborts: bool = True
 
     def __post_init__(self) -> None:
         _check(

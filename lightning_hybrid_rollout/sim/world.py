@@ -577,8 +577,11 @@ class RolloutWorld:
             self._route_parked()
         self._progress()
 
-    def abort(self, replicas: list[SimReplica], penalty: bool = True) -> int:
-        """Abort the in-flight samples of ``replicas`` and re-route them (partial rollout). Returns how many."""
+    def abort(self, replicas: list[SimReplica], penalty: bool = True, account: str | None = None) -> int:
+        """Abort the in-flight samples of ``replicas`` and re-route them (partial rollout). Returns how many.
+
+        The re-prefill penalty is counted in ``device_account[account]`` (default ``"<kind>_reprefill"``).
+        """
         moved: list[SimSample] = []
         for r in replicas:
             r.advance(self.now)
@@ -588,7 +591,7 @@ class RolloutWorld:
                 if penalty:
                     extra = decoded * self.scenario.switch.resume_prefill_ratio
                     remaining += extra
-                    key = r.kind + "_reprefill"
+                    key = account or r.kind + "_reprefill"
                     self.device_account[key] = (
                         self.device_account.get(key, 0.0) + extra / self.standalone_peak_per_device
                     )

@@ -1,6 +1,7 @@
 """The simulator's runtime options (``overlap_sync``'s context, ``early_first_sync``, ``staged_standalone_sync``), the
-progress-driven length model and the gap accounting. Each option is off by default and models one runtime change
-(docs/simulator.md, "Runtime options")."""
+standalone-sync abort, the progress-driven length model and the gap accounting. Each runtime option is off by
+default and models one runtime change; ``standalone_sync_aborts`` is on by default because the runtime aborts the
+standalone replicas' requests at every weight sync (docs/simulator.md, "Runtime options")."""
 
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ def _execute(sc, name):
 def test_options_default_off_and_the_seed_reference_runs_use_none():
     spec = RunSpec(name="r", train_devices=4, rollout_devices=4)
     assert spec.sequencing == "seed" and not spec.early_first_sync and not spec.staged_standalone_sync
+    assert spec.standalone_sync_aborts  # what the runtime does: on by default
     seed = get_preset("seed")
     for name in ("dynamic_default", "dynamic_rate_matched", "static_16_16", "static_8_24"):
         r = seed.run(name)
@@ -61,6 +63,11 @@ def test_options_default_off_and_the_seed_reference_runs_use_none():
     assert seed.run("dynamic_default").enable_rebalance
     improved = seed.run("dynamic_rate_matched_overlap_early_staged")
     assert improved.early_first_sync and improved.staged_standalone_sync and improved.sequencing == "overlap_sync"
+
+
+@pytest.mark.parametrize("preset", ["seed", "rollout_bound", "drifting", "standalone_sufficient"])
+def test_every_preset_run_models_the_runtimes_abort_at_a_standalone_sync(preset):
+    assert all(r.standalone_sync_aborts for r in get_preset(preset).runs)
 
 
 def test_overlap_sync_asks_the_policy_with_the_cycles_measurements():
@@ -125,10 +132,78 @@ def test_commit_longer_than_the_sync_is_the_whole_sync():
 
 def test_standalone_sync_aborts_pays_the_re_prefill():
     sc = _rollout_bound_tiny()
-    keep = _execute(sc, "static")[0].world
-    aborted = _execute(replace_run(sc, "static", standalone_sync_aborts=True), "static")[0].world
-    assert keep.device_account.get("standalone_reprefill", 0.0) == 0.0 and keep.cumulative_aborts == 0
-    assert aborted.device_account["standalone_reprefill"] > 0 and aborted.cumulative_aborts > 0
+    aborted = _execute(sc, "static")[0].world  # the default: the runtime's abort
+    keep = _execute(replace_run(sc, "static", standalone_sync_aborts=False), "static")[0].world
+    assert keep.device_account.get("standalone_sync_reprefill", 0.0) == 0.0 and keep.cumulative_aborts == 0
+    assert aborted.device_account["standalone_sync_reprefill"] > 0 and aborted.cumulative_aborts > 0
+    assert aborted.device_account.get("standalone_reprefill", 0.0) == 0.0  # the rebalance's, not the sync's
+
+
+def _record_standalone_syncs(run: _Run) -> dict[str, list]:
+    """Per standalone weight sync of ``run`` (before it executes): when it started, when the standalone replicas
+    paused (``begin_weight_update``), when they resumed, the tokens they had decoded at the first two, and the
+    aborts of their in-flight requests (time, how many)."""
+    w = run.world
+    log: dict[str, list] = {"start": [], "pause": [], "end": [], "aborts": []}
+
+    def tokens() -> float:
+        for r in w.standalone:
+            r.advance(w.now)
+        return sum(r.tokens for r in w.standalone)
+
+    def recording(inner):
+        def entered(*args):
+            if not log["start"] or log["start"][-1][0] != w.now:  # _overlapped_sync may call _standalone_sync
+                log["start"].append((w.now, tokens()))
+            return inner(*args)
+
+        return entered
+
+    run._standalone_sync = recording(run._standalone_sync)
+    run._overlapped_sync = recording(run._overlapped_sync)
+    set_state, abort = w.set_state, w.abort
+
+    def recording_set_state(replicas, state, **kwargs):
+        if replicas is w.standalone and state == "syncing":
+            log["pause"].append((w.now, tokens()))
+        elif replicas is w.standalone and state == "active":
+            log["end"].append(w.now)
+        return set_state(replicas, state, **kwargs)
+
+    def recording_abort(replicas, penalty=True, account=None):
+        moved = abort(replicas, penalty, account)
+        if account == "standalone_sync_reprefill":
+            log["aborts"].append((w.now, moved))
+        return moved
+
+    w.set_state, w.abort = recording_set_state, recording_abort
+    return log
+
+
+@pytest.mark.parametrize(
+    ("name", "staged"), [("static", False), ("static_early_staged", True), ("early", False), ("early_staged", True)]
+)
+def test_standalone_sync_aborts_when_the_replicas_pause_staged_at_the_commit(name, staged):
+    """The runtime's sequence: the seed's sync aborts at ``begin_weight_update``, before the buckets stream (the
+    whole sync is the pause); a staged sync stages every bucket while the replicas keep generating and aborts only
+    at the commit, the last ``standalone_commit_s`` of the sync. Both the plain and the ``overlap_sync`` path."""
+    sc = _rollout_bound_tiny()
+    costs = sc.switch
+    run = _Run(sc, sc.run(name), None)
+    log = _record_standalone_syncs(run)
+    run.execute()
+    pause = costs.standalone_commit_s if staged else costs.standalone_sync_s
+    assert len(log["start"]) == len(log["pause"]) == len(log["end"]) == len(log["aborts"]) == len(run.steps)
+    for (t0, tok0), (tp, tokp), te, (ta, n) in zip(log["start"], log["pause"], log["end"], log["aborts"], strict=True):
+        assert tp - t0 == pytest.approx(costs.standalone_sync_s - pause)
+        assert te - tp == pytest.approx(pause)
+        assert ta == tp  # aborted exactly when they pause
+        if not staged:
+            assert tokp == tok0
+        elif n:
+            assert tokp > tok0  # the requests aborted at the commit kept generating while the buckets were staged
+    assert sum(n for _, n in log["aborts"]) > 0
+    assert run.world.device_account["standalone_sync_reprefill"] > 0  # re-prefilled after the load
 
 
 def test_peek_window_does_not_restart_the_window():
@@ -163,8 +238,14 @@ def test_seed_gap_diagnosis_of_the_improvements():
     staged = seed.run("dynamic_rate_matched_overlap_early_staged").gap_s
     # the cold-start cycle's idle trainer goes with early_first_sync
     assert before["trainer_waiting_idle"] > 300 and early["trainer_waiting_idle"] < 50
-    # rebalance off: no standalone re-prefill
+    # rebalance off: no standalone re-prefill from the rebalance
     assert before["reprefill_after_standalone_aborts"] > 50 and early["reprefill_after_standalone_aborts"] == 0
+    # the runtime's abort at every standalone sync stays (staged: at the commit), about as costly either way
+    for gap in (before, early, staged):
+        assert gap["reprefill_after_standalone_sync_aborts"] > 50
+    assert staged["reprefill_after_standalone_sync_aborts"] == pytest.approx(
+        early["reprefill_after_standalone_sync_aborts"], rel=0.2
+    )
     # staged sync: standalone replicas pause for 5 of the 20 s
     assert staged["standalone_paused_for_sync"] == pytest.approx(early["standalone_paused_for_sync"] / 4, rel=0.01)
 
