@@ -243,6 +243,13 @@ class AsyncTrainingConfig(_ConfigBase):
     the policy's first decision comes after one measured step instead of a whole cycle (the simulator's
     ``early_first_sync``)."""
 
+    staged_standalone_sync: bool = False
+    """Standalone weight sync in two phases: every bucket first reaches the replicas while they keep generating
+    (stage), then each replica pauses once to load them (commit: in-flight requests are aborted there and continue
+    from their prefix under the new weights). Generation stops for the commit only instead of the whole transfer
+    (the simulator's ``staged_standalone_sync``). Costs one staged copy of the weights per node (CPU: shared
+    memory) or per engine (GPU: device memory) during the sync."""
+
     # --- Parameters of fully-async training used by dynamic scheduling (seed §2, "Existing Async-Training") -----
 
     staleness_threshold: float = 0.1
@@ -290,6 +297,7 @@ class AsyncTrainingConfig(_ConfigBase):
         c.boolean("dynamic_schedule_enable_rebalance", self.dynamic_schedule_enable_rebalance)
         c.boolean("overlap_sync", self.overlap_sync)
         c.boolean("early_first_sync", self.early_first_sync)
+        c.boolean("staged_standalone_sync", self.staged_standalone_sync)
         c.real(
             "staleness_threshold",
             self.staleness_threshold,

@@ -279,6 +279,7 @@ class RolloutRuntime:
         self.ray: Any = None
         self.loop: _LoopThread = _LoopThread()
         self.last_sync_report: Any = None
+        self.standalone_sync_reports: list[Any] = []
         self.last_hybrid_sync_report: Any = None
         self._trace: Any = None
         if trace:
@@ -457,17 +458,30 @@ class RolloutRuntime:
         """The standalone weight sync with its bookkeeping, on the runtime's loop; returns seconds.
 
         The one coroutine behind both :meth:`push_standalone` and :meth:`push_standalone_overlapped`: options of
-        the standalone sync go here. The rollouter is told
+        the standalone sync go here (``async_training.staged_standalone_sync``: a staged push, the replicas count as
+        syncing from its commit only). The rollouter is told
         (:meth:`~lightning_hybrid_rollout.rollout.rollouter.Rollouter.set_syncing`), so the sync does not count as
         standalone serving time.
         """
         ids = [r.replica_id for r in self.standalone]
-        self.set_state(ids, "syncing")
-        await self._set_syncing(ids, True)
+        options: dict[str, Any] = {}
+        if self.async_training.staged_standalone_sync:
+            # staged: the replicas keep serving while the buckets reach them; they stop only for the commit
+
+            async def on_commit() -> None:
+                self.set_state(ids, "syncing")
+                await self._set_syncing(ids, True)
+
+            options = {"staged": True, "on_commit": on_commit}
+        else:
+            self.set_state(ids, "syncing")
+            await self._set_syncing(ids, True)
         try:
-            report, seconds = await self.push_async(weights, self.standalone, version)
+            report, seconds = await self.push_async(weights, self.standalone, version, **options)
             if report is not None:
                 self.last_sync_report = report
+                self.standalone_sync_reports.append(report)
+                del self.standalone_sync_reports[:-8]  # the latest few, for logs and tests
             return seconds
         finally:
             await self._set_syncing(ids, False)

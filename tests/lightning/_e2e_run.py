@@ -5,7 +5,7 @@ out of the pytest process). Spec keys: ``out`` (report path), ``root`` (run dir)
 ``policy``, ``standalone``, ``hybrid``, ``only_hybrid``, ``strategy``, ``devices``, ``ckpt_path``,
 ``save_every``, ``wandb``, ``trigger``, ``mini_batch``, ``n``, ``record_contexts`` (report every context the
 policy's ``should_activate_after_step`` saw, its ``forecast`` when it has one, and its state after each update),
-``overlap_sync``, ``early_first_sync``, ``enable_rebalance``, ``staleness``, ``ratio``.
+``overlap_sync``, ``early_first_sync``, ``staged``, ``enable_rebalance``, ``staleness``, ``ratio``.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ class Recorder(Callback):
             return
         rt = self.cb.runtime
         self.report["pool_calls"] = rt.pool.calls  # the pool's own list: still readable after the runtime stopped
+        self._standalone_reports = rt.standalone_sync_reports  # likewise
         self.report["restored"] = {
             "param_version": self.cb.param_version,
             "cycles_done": self.cb.cycles_done,
@@ -117,6 +118,7 @@ def main(spec_path: str) -> None:
             only_hybrid=spec.get("only_hybrid", False),
             overlap_sync=spec.get("overlap_sync", False),
             early_first_sync=spec.get("early_first_sync", False),
+            staged_standalone_sync=spec.get("staged", False),
             dynamic_schedule_enable_rebalance=spec.get("enable_rebalance", True),
         ),
         task="arithmetic",
@@ -155,6 +157,10 @@ def main(spec_path: str) -> None:
             call_log=hybrid_cb.call_log,
             switch_events=hybrid_cb.switch_events,
             overlap_events=hybrid_cb.overlap_events,
+            standalone_syncs=[
+                {"commit_s": r.per_replica_commit_seconds, "transport": r.per_replica_transport}
+                for r in recorder._standalone_reports
+            ],
             param_version=hybrid_cb.param_version,
             hybrid_sync_skipped=hybrid_cb.hybrid_sync_skipped,
             global_step=trainer.global_step,

@@ -258,7 +258,7 @@ def test_docs_callback_example_runs(tmp_path: Path) -> None:
     assert (tmp_path / "runs" / "demo" / "model" / "config.json").exists()
 
 
-def test_overlap_sync_with_early_first_sync_wakes_and_syncs_hybrid_under_the_standalone_sync(
+def test_overlap_early_and_staged_sync_wake_and_sync_hybrid_under_the_standalone_sync(
     model_dir: Path, tmp_path: Path
 ) -> None:
     rep = run_fit(
@@ -269,11 +269,15 @@ def test_overlap_sync_with_early_first_sync_wakes_and_syncs_hybrid_under_the_sta
         policy="default",
         overlap_sync=True,
         early_first_sync=True,
+        staged=True,
         enable_rebalance=False,
         staleness=0.0,  # no buffer beyond the cycle: the trainer waits, so `default` wants the hybrid replica
         ratio=0.9,
     )
     assert rep["global_step"] == 4
+    # staged_standalone_sync: every standalone sync was staged (node shared memory) and paused only for its commit
+    syncs = rep["standalone_syncs"]
+    assert syncs and all(s["commit_s"] and set(s["transport"].values()) == {"node_shm"} for s in syncs), syncs
     # early_first_sync: syncs after steps 1, 2 and 4 (trigger 2)
     assert rep["param_version"] == rep["call_log"].count("sync_standalone") == 3
     log = rep["call_log"]
