@@ -79,6 +79,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ConfigError as err:
         print(f"lhr: invalid configuration: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    finally:
+        close_process_group()
+
+
+def close_process_group() -> None:
+    """Destroy the default process group, if any, before the interpreter exits.
+
+    Lightning leaves it alive after ``fit``; gloo's threads then sometimes abort the process at exit ("terminate
+    called without an active exception", exit code -6) after a successful multi-rank CPU run.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -171,6 +171,9 @@ def main(spec_path: str) -> None:
             rep["wandb_dir"] = os.path.dirname(run.dir)
             run.finish()
         Path(spec["out"]).write_text(json.dumps(rep, default=str))
+    from lightning_hybrid_rollout.lightning.cli import close_process_group
+
+    close_process_group()  # gloo's threads can otherwise abort the interpreter at exit
 
 
 if __name__ == "__main__":

@@ -193,6 +193,9 @@ def main() -> None:
         }
     if int(os.environ.get("LOCAL_RANK", "0")) == 0 and int(os.environ.get("NODE_RANK", "0")) == 0:
         Path(args.out).write_text(json.dumps(results, indent=1))
+    from lightning_hybrid_rollout.lightning.cli import close_process_group
+
+    close_process_group()  # gloo's threads can otherwise abort the interpreter at exit
 
 
 if __name__ == "__main__":
