@@ -962,31 +962,26 @@ class LHRWorkerExtension:
         self._lhr_fp = self._lhr_fingerprint()
         return out
 
-    def lhr_attach_staging(self, path: str, size: int) -> bool:
-        """Map the frontend's staging file (the frontend unlinks the name right after)."""
-        old = getattr(self, "_lhr_mm", None)
+    def _lhr_map(self, attr: str, path: str, size: int) -> bool:
+        """Map ``path`` read-write into ``self.<attr>``, closing the mapping it replaces."""
+        old = getattr(self, attr, None)
         if old is not None:
             with contextlib.suppress(BufferError):
                 old.close()
         fd = os.open(path, os.O_RDWR)
         try:
-            self._lhr_mm = mmap.mmap(fd, size)
+            setattr(self, attr, mmap.mmap(fd, size))
         finally:
             os.close(fd)
         return True
 
+    def lhr_attach_staging(self, path: str, size: int) -> bool:
+        """Map the frontend's staging file (the frontend unlinks the name right after)."""
+        return self._lhr_map("_lhr_mm", path, size)
+
     def lhr_attach_node_staging(self, path: str, size: int) -> bool:
         """Map the trainer's node-local staging file (shared, not copied: the trainer wrote the buckets once)."""
-        old = getattr(self, "_lhr_node_mm", None)
-        if old is not None:
-            with contextlib.suppress(BufferError):
-                old.close()
-        fd = os.open(path, os.O_RDWR)
-        try:
-            self._lhr_node_mm = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        return True
+        return self._lhr_map("_lhr_node_mm", path, size)
 
     def lhr_begin_update(self) -> bool:
         """Start a layer-wise in-place reload session."""
