@@ -16,7 +16,10 @@ and decides from those numbers:
   queue times the marginal seconds per missing sample measured while the trainer waited idle (Σ wait time /
   Σ waited samples, the seed's own signal; samples arrive slower then than the nominal rate says, since the short
   ones are done). The cost of activating is the measured activation + deactivation time plus the wait, at the rate
-  measured while hybrid replicas helped, up to the threshold. The deficit priced as idle time is the need without its
+  measured while hybrid replicas helped, up to the threshold; an untried switch is priced as free, so the first
+  activation the rates call for measures it (a fixed prior fits no scale: the seed's 10 s would veto every
+  activation on a CPU miniature whose cycles wait a few seconds). Help must beat waiting by ``gate_margin_fraction``
+  of the wait (10%) plus ``gate_margin_s``. The deficit priced as idle time is the need without its
   slack (missing slack samples make nobody wait). When standalone replicas keep up, the deficit is zero and the gate
   never activates (the seed's step 3), whatever the switch costs.
 * **economic order quantity**: when activating, the queue may be topped up by one more cycle's expected deficit (the
@@ -212,7 +215,10 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
         need_smoothing: Weight of a newest need below the forecast (falls), in (0, 1].
         need_trend_smoothing: Trend weight of the need forecast, in [0, 1].
         need_rise_smoothing: Weight of a newest need above the forecast (rises), in (0, 1].
-        gate_margin_s: Seconds by which hybrid help must beat waiting alone before the gate activates.
+        gate_margin_s: Seconds by which hybrid help must beat waiting alone before the gate activates (on top of
+            ``gate_margin_fraction``).
+        gate_margin_fraction: Share of the predicted idle wait by which hybrid help must beat it before the gate
+            activates (a margin that scales from seconds-long CPU cycles to hour-long cluster cycles), in [0, 1).
         min_deactivate_ratio: As for ``default`` (bounds the mirrored ``deactivate_ratio``).
 
     Example::
@@ -235,7 +241,8 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
         need_smoothing: float = 0.3,
         need_trend_smoothing: float = 0.2,
         need_rise_smoothing: float = 0.8,
-        gate_margin_s: float = 1.0,
+        gate_margin_s: float = 0.0,
+        gate_margin_fraction: float = 0.1,
         min_deactivate_ratio: float = 0.05,
     ) -> None:
         super().__init__(deactivate_ratio, only_hybrid, min_deactivate_ratio=min_deactivate_ratio)
@@ -248,7 +255,10 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
                 f"target_slack_fraction and gate_margin_s must be >= 0, got {target_slack_fraction}, {gate_margin_s}"
             )
         self.target_slack_fraction = float(target_slack_fraction)
+        if not 0.0 <= gate_margin_fraction < 1.0:
+            raise ValueError(f"gate_margin_fraction must be in [0, 1), got {gate_margin_fraction}")
         self.gate_margin_s = float(gate_margin_s)
+        self.gate_margin_fraction = float(gate_margin_fraction)
         self._smoothing = float(smoothing)
         self._standalone_tok_s: float | None = None  # tokens/s decoded by standalone replicas while serving
         self._hybrid_ratio: float | None = None  # hybrid tokens/s over standalone tokens/s
@@ -329,9 +339,11 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
         return est
 
     def _switch_s(self) -> tuple[float, float]:
-        half = 0.5 * self.switch_cost_s
-        act = self._activate_s if self._activate_s is not None else half
-        deact = self._deactivate_s if self._deactivate_s is not None else half
+        # An untried switch is priced as free (optimism under uncertainty): the first activation the measured rates
+        # call for then measures it. A fixed prior cannot fit every scale: the seed's 10 s would veto every
+        # activation where a cycle's waits are a few seconds (a CPU miniature), and hybrid help is never measured.
+        act = self._activate_s if self._activate_s is not None else 0.0
+        deact = self._deactivate_s if self._deactivate_s is not None else 0.0
         return act, deact
 
     def _feedforward_need(self, ctx: DynamicScheduleContext, ps: float, c: float) -> float:
@@ -402,7 +414,7 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
             extended_cost = activation_cost(extended) - avoided
             if extended_cost < cost_with:
                 threshold, cost_with = extended, extended_cost
-        activate = deficit > 0 and wait_without > cost_with + self.gate_margin_s
+        activate = deficit > 0 and wait_without * (1.0 - self.gate_margin_fraction) > cost_with + self.gate_margin_s
         return CycleForecast(ps, ps + ph, c, threshold, wait_without, cost_with, activate)
 
     # ---------------------------------------------------------------------------------------------- decisions

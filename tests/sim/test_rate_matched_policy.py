@@ -144,7 +144,8 @@ def test_top_up_needs_a_measured_deficit():
     # without a measured cycle deficit there is no next switch to save: the threshold is not extended
     policy = RateMatchedDynamicSchedulePolicy()
     fc = policy.forecast(_one_step_cycle(5))
-    assert fc is not None and fc.threshold == policy.deactivate_wait_samples(_one_step_cycle(5)) <= 10
+    # the feed-forward need: one collection (10) plus the slack (1.5), nothing added for a next cycle
+    assert fc is not None and fc.threshold == policy.deactivate_wait_samples(_one_step_cycle(5)) == 12
 
 
 def test_a_short_cycle_is_not_learned_as_a_need_or_a_deficit():
@@ -155,3 +156,49 @@ def test_a_short_cycle_is_not_learned_as_a_need_or_a_deficit():
     full = _measured(queue_size=20, step_queue_sizes=[30, 25, 20, 15], step_wait_samples=[0, 0, 0, 2])
     policy.update_after_step(3, full)
     assert policy._need.count == 1 and policy._deficit.count == 1
+
+
+def _seconds_scale_cycle() -> RateScheduleContext:
+    """A CPU-miniature cycle (benchmarks/cpu_miniature.py): 4 x 256 samples of 16 tokens; standalone replicas make
+    ~270 samples/s, training takes ~1.6 ms per sample, the trainer waited ~2.7 s for ~860 samples."""
+    return RateScheduleContext(
+        required_samples=256,
+        trigger_parameter_sync_step=4,
+        buffer_samples=1536,
+        queue_size=40,
+        step_queue_sizes=[0, 10, 20, 30],
+        step_wait_samples=[256, 246, 236, 226],
+        step_wait_times=[0.75, 0.65, 0.65, 0.65],
+        standalone_serving_s=3.8,
+        standalone_decoded_tokens=16400.0,
+        cycle_train_compute_s=1.6,
+        cycle_trained_samples=1024,
+        cycle_trained_tokens=16400,
+        num_standalone_replicas=1,
+        num_hybrid_replicas=1,
+    )
+
+
+def test_an_untried_switch_does_not_veto_a_seconds_scale_shortfall():
+    # the seed's 10 s switch-cost prior would outweigh the whole cycle's 2.7 s of waiting, so hybrid help would
+    # never be tried, never measured, and the trainer's devices would idle for the whole run
+    policy = RateMatchedDynamicSchedulePolicy()
+    ctx = _seconds_scale_cycle()
+    fc = policy.forecast(ctx)
+    assert fc is not None and 2.0 < fc.wait_without_s < 10.0
+    assert fc.activate and policy.should_activate_after_step(1, False, ctx)
+    assert fc.threshold > 2 * ctx.required_samples  # it collects for most of the cycle, not for nothing
+    # once measured, a switch that costs more than the wait it saves vetoes the next activation
+    expensive = _seconds_scale_cycle()
+    expensive.last_activate_duration_s, expensive.last_deactivate_duration_s = 3.0, 2.0
+    policy.update_after_step(1, expensive)
+    assert not policy.should_activate_after_step(2, False, _seconds_scale_cycle())
+
+
+def test_the_gate_margin_scales_with_the_wait():
+    ctx = _seconds_scale_cycle()
+    fc = RateMatchedDynamicSchedulePolicy().forecast(ctx)
+    assert fc is not None and fc.activate
+    # a margin of most of the wait vetoes the same activation; an absolute margin adds on top
+    assert not RateMatchedDynamicSchedulePolicy(gate_margin_fraction=0.9).forecast(ctx).activate
+    assert not RateMatchedDynamicSchedulePolicy(gate_margin_s=fc.wait_without_s).forecast(ctx).activate
