@@ -30,7 +30,7 @@ exactly ``speedup: X.XX``.
 
 Usage::
 
-    .venv/bin/python benchmarks/cpu_miniature.py                      # defaults: 2 x (static, default), ~8-11 min
+    .venv/bin/python benchmarks/cpu_miniature.py                      # defaults: 3 x (static, default), ~8-12 min
     .venv/bin/python benchmarks/cpu_miniature.py --repeats 1 --steps 48 --out runs/cpu_miniature   # ~4-5 min
     .venv/bin/python benchmarks/cpu_miniature.py --policies static_fully_async,default,rate_matched
     .venv/bin/python benchmarks/cpu_miniature.py --rebalance          # the seed's rebalance after activation
@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--policies", default=f"{STATIC},default", help="comma-separated; the first must be static")
     p.add_argument("--speedup-policy", default="default", help="the dynamic policy of the last line")
-    p.add_argument("--repeats", type=int, default=2, help="rounds of (static, dynamic, ...), order alternating")
+    p.add_argument("--repeats", type=int, default=3, help="rounds of (static, dynamic, ...), order alternating")
     p.add_argument("--steps", type=int, default=64, help="optimizer steps per run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--task", default="copy", choices=["copy", "reverse", "arithmetic"])
