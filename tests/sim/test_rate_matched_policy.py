@@ -161,9 +161,8 @@ def test_a_short_cycle_is_not_learned_as_a_need_or_a_deficit():
 def _seconds_scale_cycle() -> RateScheduleContext:
     """A CPU-miniature cycle (benchmarks/cpu_miniature.py): 4 x 256 samples of 16 tokens; standalone replicas make
     ~270 samples/s, training takes ~1.6 ms per sample, the trainer waited ~2.7 s for ~860 samples."""
-    return RateScheduleContext(
+    return _measured(
         required_samples=256,
-        trigger_parameter_sync_step=4,
         buffer_samples=1536,
         queue_size=40,
         step_queue_sizes=[0, 10, 20, 30],
@@ -174,8 +173,6 @@ def _seconds_scale_cycle() -> RateScheduleContext:
         cycle_train_compute_s=1.6,
         cycle_trained_samples=1024,
         cycle_trained_tokens=16400,
-        num_standalone_replicas=1,
-        num_hybrid_replicas=1,
     )
 
 
