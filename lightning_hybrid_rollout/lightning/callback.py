@@ -178,6 +178,7 @@ class HybridRolloutCallback(Callback):
 
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._take_model_path(trainer, pl_module, check_disk=stage == "fit")
         if stage != "fit":
             return
         run_dir = Path(self.run_dir or trainer.default_root_dir)
@@ -203,6 +204,31 @@ class HybridRolloutCallback(Callback):
             datamodule.pad_token_id = self._tokenizer.pad_token_id
         if trainer.is_global_zero:
             self._start_runtime(trainer)
+
+    def _take_model_path(self, trainer: Trainer, pl_module: LightningModule, check_disk: bool) -> None:
+        """One model directory for the module and the engines, checked before anything starts (:mod:`.model_path`).
+
+        A module with a ``model_path`` hyperparameter left as None takes ``rollout.model_path``; a different one is
+        refused, as is (for ``fit``) a directory without a model or a build outside the run's directory.
+        """
+        from lightning_hybrid_rollout.lightning.model_path import model_path_problems
+
+        hparams = getattr(pl_module, "hparams", None)
+        has_path = hparams is not None and "model_path" in hparams
+        module_path = hparams["model_path"] if has_path else None
+        if has_path and module_path is None and getattr(pl_module, "model", None) is None:
+            hparams["model_path"] = self.rollout.model_path
+        problems = model_path_problems(
+            self.rollout.model_path,
+            module_path,
+            build_model=self.build_model,
+            run_dir=self.run_dir or trainer.default_root_dir,
+            module_key=f"{type(pl_module).__name__}(model_path=...)",
+        )
+        if not check_disk:
+            problems = [p for p in problems if "different models" in p]
+        if problems:
+            raise ConfigError(problems)
 
     def _prepare_model(self) -> None:
         path = Path(self.rollout.model_path)

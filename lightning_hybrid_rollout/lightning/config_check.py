@@ -428,6 +428,41 @@ def check_config(config: Mapping[str, Any], prefix: str = "") -> list[str]:
     problems.extend(_check_trainer(f"{prefix}trainer", config.get("trainer")))
     for key in ("model", "data"):
         problems.extend(_check_class_entry(f"{prefix}{key}", config.get(key)))
+    problems.extend(_check_model_path(config, prefix))
+    return problems
+
+
+def _check_model_path(config: Mapping[str, Any], prefix: str) -> list[str]:
+    """The run's one model directory (see :mod:`.model_path`): same in the module and the engines, present."""
+    from lightning_hybrid_rollout.lightning.model_path import model_path_problems
+
+    trainer = config.get("trainer")
+    if not isinstance(trainer, Mapping):
+        return []
+    model = config.get("model")
+    model_args = model.get("init_args") if isinstance(model, Mapping) else None
+    module_path = model_args.get("model_path") if isinstance(model_args, Mapping) else None
+    problems = []
+    for i, entry in _entries(trainer.get("callbacks")):
+        if not isinstance(entry, Mapping) or not _is_hybrid_callback(entry, None):
+            continue
+        args = entry.get("init_args")
+        rollout = args.get("rollout") if isinstance(args, Mapping) else None
+        rollout_path = rollout.get("model_path") if isinstance(rollout, Mapping) else None
+        build_model = args.get("build_model", False)
+        if not isinstance(rollout_path, str) or not rollout_path or not isinstance(build_model, bool):
+            continue  # reported by the callback's checks
+        run_dir = args.get("run_dir") or trainer.get("default_root_dir")
+        problems.extend(
+            model_path_problems(
+                rollout_path,
+                module_path if isinstance(module_path, str) else None,
+                build_model=build_model,
+                run_dir=run_dir if isinstance(run_dir, str) else None,
+                rollout_key=f"{prefix}trainer.callbacks[{i}].init_args.rollout.model_path",
+                module_key=f"{prefix}model.init_args.model_path",
+            )
+        )
     return problems
 
 

@@ -112,7 +112,9 @@ class GRPOModule(LightningModule):
     counts optimizer steps (``ppo_epochs`` per batch).
 
     Args:
-        model_path: Hugging Face model id or directory, loaded lazily (float32) in :meth:`configure_model`.
+        model_path: Hugging Face model directory, loaded lazily (float32) in :meth:`configure_model`. Leave it out
+            under a ``HybridRolloutCallback``: the module then takes ``rollout.model_path`` (one name for the
+            trainer's and the engines' model; a different one is refused).
         model: An already-built causal LM (alternative to ``model_path``).
         lr: AdamW learning rate.
         betas: AdamW betas.
@@ -159,8 +161,8 @@ class GRPOModule(LightningModule):
         grad_clip: float | None = None,
     ) -> None:
         super().__init__()
-        if (model_path is None) == (model is None):
-            raise ValueError("pass exactly one of model_path or model")
+        if model_path is not None and model is not None:
+            raise ValueError("pass at most one of model_path or model")
         if ppo_epochs < 1:
             raise ValueError(f"ppo_epochs must be >= 1, got {ppo_epochs}")
         if micro_batch_size is not None and micro_batch_size < 1:
@@ -220,6 +222,11 @@ class GRPOModule(LightningModule):
         from packaging.version import Version
         from transformers import AutoModelForCausalLM
 
+        if self.hparams.model_path is None:
+            raise ValueError(
+                "GRPOModule has no model: pass model_path= or model=, or train it with a HybridRolloutCallback "
+                "(the module then takes rollout.model_path)"
+            )
         key = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
         self.model = AutoModelForCausalLM.from_pretrained(self.hparams.model_path, **{key: torch.float32})
         rank_zero_info(f"GRPOModule: loaded {type(self.model).__name__} from {self.hparams.model_path}")

@@ -1,13 +1,27 @@
 """Ray for the rollout side: start (or join) a cluster, own the replica actors, and leave nothing behind.
 
 ``RayRuntime()`` starts a private local Ray (``address="local"``: never silently joins another user's cluster on
-the same machine) bound to 127.0.0.1, without dashboard, with a small object store and quiet logs, in its own
-short temp dir. ``RayRuntime(address="ray://head:10001")`` (or ``"auto"``) joins an existing cluster instead, so
-standalone replicas can live on other nodes; then ``shutdown()`` only kills the actors it started.
+the same machine), without dashboard, with a small object store and quiet logs, and makes it safe on a shared
+machine:
+
+- **loopback only**: the node's address is 127.0.0.1, so the GCS, the raylet, the agents, every worker (the
+  replica actors) and this driver listen on loopback (Ray would otherwise replace 127.0.0.1 by the machine's own
+  address and bind its gRPC servers to every interface);
+- **token authentication on**: a fresh token per run, in a 0600 file in the run's private directory
+  (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN_PATH``, inherited by every Ray process; the token itself is in no
+  environment, command line or log), so even a loopback connection without it is refused;
+- **no leftovers**: the run's files and processes are tracked by :mod:`.run_guard` (a run id every process
+  inherits, a watchdog that cleans up if this process dies, even by ``kill -9``, and a sweep of dead runs at the
+  next start).
+
+``RayRuntime(address="ray://head:10001")`` (or ``"auto"``) joins an existing cluster instead, so standalone replicas
+can live on other nodes; it follows that cluster's own authentication setting (``RAY_AUTH_MODE`` /
+``RAY_AUTH_TOKEN_PATH`` in the environment, see ``docs/gpu_multinode.md``), and ``shutdown()`` only kills the
+actors it started.
 
 ``shutdown()`` stops every replica it launched (engine first, then the actor), shuts Ray down, and waits until no
-process of this runtime remains: Ray's own processes (their command lines name the session dir) and every replica's
-actor and engine-core pid it recorded. Stragglers after the wait are killed by pid (only those).
+process of this runtime remains: Ray's own processes, every process carrying the run id, and every replica's actor
+and engine-core pid it recorded. Stragglers after the wait are killed (only those).
 """
 
 from __future__ import annotations
@@ -17,12 +31,11 @@ import contextlib
 import logging
 import os
 import shutil
-import tempfile
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from lightning_hybrid_rollout.rollout import run_guard
 from lightning_hybrid_rollout.rollout.replica import ReplicaHandle, ReplicaSpec
 
 logger = logging.getLogger(__name__)
@@ -36,8 +49,8 @@ class RayRuntime:
         num_cpus: CPUs the local cluster advertises (default: this process's cores).
         num_gpus: GPUs the local cluster advertises (default: Ray detects).
         object_store_memory: Object store size of the local cluster (bytes).
-        temp_dir: Root for Ray's session files (default: a fresh short dir under /tmp; Unix socket paths must stay
-            short).
+        temp_dir: Root for Ray's session files (default: ``ray/`` in the run's private directory under
+            ``$TMPDIR/lhr-<uid>/``; Unix socket paths must stay short).
         env_vars: Environment for every Ray worker (``runtime_env``).
         log_to_driver: Forward actor stdout/stderr to this process.
         ray_log_level: Level of Ray's and vLLM's Python loggers in this process.
@@ -62,11 +75,15 @@ class RayRuntime:
         self.log_to_driver = log_to_driver
         self.ray_log_level = ray_log_level
         self._own_temp = temp_dir is None
-        self.temp_dir = temp_dir or os.path.join(tempfile.gettempdir(), f"lhr-ray-{uuid.uuid4().hex[:8]}")
+        self.temp_dir = temp_dir or ""
+        self.files: run_guard.RunFiles | None = None
+        self._watchdog: Any = None
+        self._saved_env: dict[str, str | None] = {}
         self.started_local = False
         self.session_dir: str | None = None
         self.replicas: list[ReplicaHandle] = []
         self._pids: set[int] = set()
+        self._tree: dict[int, float] = {}  # pid -> start time of the run's processes seen before Ray's shutdown
         self.init_seconds = 0.0
 
     # ---- lifecycle ------------------------------------------------------------------------------------------------
@@ -76,7 +93,6 @@ class RayRuntime:
 
         if self.session_dir is not None:
             return self
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         os.environ.setdefault("RAY_DEDUP_LOGS", "0")
         for name in ("ray", "vllm"):
@@ -86,16 +102,15 @@ class RayRuntime:
                 "Ray is already initialized in this process; RayRuntime owns the connection. Use the existing "
                 "RayRuntime or call ray.shutdown() first."
             )
-        env = {"RAY_AUTH_MODE": "disabled", **self.env_vars}
         t = time.perf_counter()
         kwargs: dict[str, Any] = {
-            "runtime_env": {"env_vars": env},
+            "runtime_env": {"env_vars": dict(self.env_vars)},
             "log_to_driver": self.log_to_driver,
             "logging_level": self.ray_log_level,
             "configure_logging": True,
         }
         if self.address is None:
-            os.makedirs(self.temp_dir, exist_ok=True)
+            self._prepare_local()
             kwargs.update(
                 address="local",
                 num_cpus=self.num_cpus if self.num_cpus is not None else len(os.sched_getaffinity(0)),
@@ -110,9 +125,11 @@ class RayRuntime:
         else:
             kwargs["address"] = self.address
         try:
-            ctx = ray.init(**kwargs)
+            with _loopback_node_address(self.started_local):
+                ctx = ray.init(**kwargs)
         except Exception as e:
             self.started_local = False
+            self._release_local()
             where = "a local Ray" if self.address is None else f"Ray at {self.address!r}"
             raise RuntimeError(f"could not start {where}: {type(e).__name__}: {e}") from e
         self.init_seconds = time.perf_counter() - t
@@ -125,6 +142,52 @@ class RayRuntime:
             self.session_dir,
         )
         return self
+
+    def _prepare_local(self) -> None:
+        """Sweep dead runs, make this run's private directories and token, start the watchdog, set the env."""
+        run_guard.sweep_dead_runs()
+        self.files = run_guard.RunFiles.create()
+        if self._own_temp:
+            self.temp_dir = str(self.files.ray_temp_dir)
+        os.makedirs(self.temp_dir, mode=0o700, exist_ok=True)
+        token_path = self.files.write_token()
+        self._watchdog = run_guard.start_watchdog(self.files)
+        env = {
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": token_path,
+            run_guard.RUN_ID_ENV: self.files.run_id,
+            run_guard.STAGING_DIR_ENV: str(self.files.staging_dir),
+        }
+        self._saved_env = {k: os.environ.get(k) for k in (*env, "RAY_AUTH_TOKEN")}
+        os.environ.pop("RAY_AUTH_TOKEN", None)  # it would take precedence over our file
+        os.environ.update(env)
+        _reload_ray_auth_config()
+
+    def _release_local(self) -> None:
+        """Undo :meth:`_prepare_local`: restore the environment, stop the watchdog (it cleans up), remove files."""
+        for key, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        if self._saved_env:
+            _reload_ray_auth_config()
+        self._saved_env = {}
+        run_guard.stop_watchdog(self._watchdog)
+        self._watchdog = None
+        if self.files is not None:
+            self.files.remove()
+            self.files = None
+
+    @property
+    def run_id(self) -> str | None:
+        """The id every process of this (local) run carries in ``LHR_RUN_ID``; None when joined or not started."""
+        return self.files.run_id if self.files is not None else None
+
+    @property
+    def staging_dir(self) -> str | None:
+        """This run's private shared-memory staging directory (local runs)."""
+        return str(self.files.staging_dir) if self.files is not None else None
 
     def __enter__(self) -> RayRuntime:
         return self.start()
@@ -174,14 +237,16 @@ class RayRuntime:
         me = os.getpid()
         out = []
         # A joined cluster's session dir also names its own daemons (raylet, agents, GCS): only our replicas' pids
-        # count then. A local cluster is ours entirely.
-        markers = [m for m in (self.session_dir, self.temp_dir) if m] if self.started_local else []
-        for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        # count then. A local cluster is ours entirely: every process carrying its run id, or naming its dirs.
+        if self.started_local and self.files is not None:
+            watchdog = (self._watchdog.pid,) if self._watchdog is not None else ()
+            markers = tuple(m for m in (self.session_dir, self.temp_dir, str(self.files.root)) if m)
+            out = run_guard.run_processes(self.files.run_id, markers=markers, exclude=watchdog, recorded=self._tree)
+        seen = {p.pid for p in out}
+        for pid in self._pids - seen - {me}:
             try:
-                if p.pid == me or p.info["status"] == psutil.STATUS_ZOMBIE:
-                    continue
-                cmd = " ".join(p.info["cmdline"] or [])
-                if p.pid in self._pids or (markers and any(m in cmd for m in markers)):
+                p = psutil.Process(pid)
+                if p.status() != psutil.STATUS_ZOMBIE:
                     out.append(p)
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
@@ -198,6 +263,10 @@ class RayRuntime:
 
         if self.session_dir is None:
             return []
+        with contextlib.suppress(Exception):  # Ray's agents lose their parent (and their marks) as Ray stops
+            for p in self.leftover_processes():
+                with contextlib.suppress(psutil.Error):
+                    self._tree[p.pid] = p.create_time()
         if self.replicas and ray.is_initialized():
             for h in self.replicas:
                 if h.is_alive and h.info:
@@ -227,12 +296,15 @@ class RayRuntime:
                 killed.append(p.pid)
         self.session_dir = None
         self._pids.clear()
-        if self.started_local and self._own_temp:
+        self._tree.clear()
+        if self.started_local and not self._own_temp:
             for _ in range(3):  # a dying Ray process may still write a last log line
                 shutil.rmtree(self.temp_dir, ignore_errors=True)
                 if not os.path.exists(self.temp_dir):
                     break
                 time.sleep(0.5)
+        if self.started_local:
+            self._release_local()  # the run's directories (Ray's session files among them), the watchdog, the env
         self.started_local = False
         return killed
 
@@ -242,3 +314,32 @@ def _session_dir(ray: Any) -> str:
         return ray._private.worker.global_worker.node.get_session_dir_path()
     except Exception:
         return ""
+
+
+@contextlib.contextmanager
+def _loopback_node_address(local: bool) -> Any:
+    """Keep a local cluster's node address at 127.0.0.1.
+
+    ``ray.init(_node_ip_address="127.0.0.1")`` replaces a loopback address by the machine's own one
+    (``resolve_ip_for_localhost``) unless ``ray_constants.ENABLE_RAY_CLUSTER`` is false; Ray's servers then bind to
+    that address or every interface. Clearing the flag for the call keeps every server of the node on loopback.
+    """
+    if not local:
+        yield
+        return
+    from ray._private import ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
+def _reload_ray_auth_config() -> None:
+    """Make this process's Ray see the current ``RAY_AUTH_MODE`` / token file (both are cached after import)."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()

@@ -54,6 +54,7 @@ from typing import Any, Literal
 import torch
 
 from lightning_hybrid_rollout.rollout.engine import GenerationResult, SamplingSpec
+from lightning_hybrid_rollout.rollout.run_guard import default_staging_dir
 
 logger = logging.getLogger(__name__)
 
@@ -182,9 +183,7 @@ class _Staging:
     """A shared-memory file the frontend writes weight buckets into and the vLLM worker maps read-only."""
 
     def __init__(self, directory: str | None) -> None:
-        if directory is None:
-            directory = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-        self.directory = directory or tempfile.gettempdir()
+        self.directory = directory or str(default_staging_dir())
         self.size = 0
         self.mm: mmap.mmap | None = None
         self.path: str | None = None

@@ -38,7 +38,6 @@ import json
 import logging
 import mmap
 import os
-import tempfile
 import time
 import uuid
 import warnings
@@ -49,6 +48,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+from lightning_hybrid_rollout.rollout.run_guard import default_staging_dir
 
 if TYPE_CHECKING:
     from lightning_hybrid_rollout.rollout.replica import ReplicaHandle
@@ -321,25 +322,7 @@ def _add_view(
 # ---------------------------------------------------------------------------------------------------------------
 # node-local shared memory (replicas on the trainer's node)
 # ---------------------------------------------------------------------------------------------------------------
-_NODE_STAGING_PREFIX = "lhr-node-weights-"
-
-
-def _sweep_stale_node_stagings(directory: str) -> None:
-    """Remove staging files left by trainer processes that died without cleaning up (their pid is gone)."""
-    with contextlib.suppress(OSError):
-        for name in os.listdir(directory):
-            if not name.startswith(_NODE_STAGING_PREFIX):
-                continue
-            pid_s = name[len(_NODE_STAGING_PREFIX) :].split("-", 1)[0]
-            if not pid_s.isdigit() or int(pid_s) == os.getpid():
-                continue
-            try:
-                os.kill(int(pid_s), 0)
-            except ProcessLookupError:
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(directory, name))
-            except PermissionError:  # another user's live process
-                pass
+_NODE_STAGING_PREFIX = "node-weights-"
 
 
 class NodeStaging:
@@ -349,16 +332,16 @@ class NodeStaging:
     straight from it, so a bucket costs one trainer-side copy however many local replicas there are, and no copy on
     the replica side (the Ray path costs a ``ray.put`` copy plus one copy per replica into its engine's staging
     file). The file is reused by later pushes (its pages stay resident: no page faults after the first push) and is
-    removed by :meth:`close`, at interpreter exit, or by the next trainer on this node if this process died.
+    removed by :meth:`close`, at interpreter exit, or with the run's staging directory (by the run's watchdog or the
+    next run's sweep, :mod:`.run_guard`) if this process died. The file is created 0600.
 
     Args:
-        directory: Where to create it (default ``/dev/shm``).
+        directory: Where to create it (default: the run's private staging directory,
+            :func:`~.run_guard.default_staging_dir`).
     """
 
     def __init__(self, directory: str | None = None) -> None:
-        if directory is None:
-            directory = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-        self.directory = directory or tempfile.gettempdir()
+        self.directory = directory or str(default_staging_dir())
         self.path: str | None = None
         self.size = 0
         self.inode = 0
@@ -370,7 +353,6 @@ class NodeStaging:
         if self._mm is not None and self.size >= nbytes:
             return
         self.close()
-        _sweep_stale_node_stagings(self.directory)
         size = max(int(nbytes), 1 << 20)
         path = os.path.join(self.directory, f"{_NODE_STAGING_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)

@@ -333,7 +333,90 @@ def test_the_documented_examples_exist() -> None:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_example_passes_the_precheck(path: Path) -> None:
-    precheck_config_file(path)
+    config = yaml.safe_load(path.read_text())
+    [(i, args)] = [
+        (i, c["init_args"])
+        for i, c in enumerate(config["trainer"]["callbacks"])
+        if c["class_path"].endswith("HybridRolloutCallback")
+    ]
+    rollout_path = args["rollout"]["model_path"]
+    if args.get("build_model") or Path(rollout_path).exists():
+        precheck_config_file(path)
+        return
+    # A cluster example names a model directory this machine does not have: that is its only problem.
+    from lightning_hybrid_rollout.lightning.config_check import check_config
+
+    [problem] = check_config(config)
+    assert problem.startswith(f"trainer.callbacks[{i}].init_args.rollout.model_path {rollout_path!r} does not exist")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The one model path (checked before anything starts)
+# --------------------------------------------------------------------------------------------------------------
+
+MODEL_PATH_CASES: list[tuple[str, Mutation, list[str]]] = [
+    (
+        "module_and_rollout_paths_differ",
+        _both(
+            _set("cb.rollout.model_path", "/nonexistent/model/dir"),
+            _set("model.init_args.model_path", "runs/quickstart/model"),
+        ),
+        ["model.init_args.model_path 'runs/quickstart/model'", f"{CB}.rollout.model_path", "different models"],
+    ),
+    (
+        "missing_dir_without_build_model",
+        _both(_set("cb.build_model", False), _set("cb.rollout.model_path", "/nonexistent/model/dir")),
+        [f"{CB}.rollout.model_path '/nonexistent/model/dir' does not exist", "build_model: true"],
+    ),
+    (
+        "build_outside_the_run_dir",
+        _set("cb.rollout.model_path", "/nonexistent/model/dir"),
+        [f"{CB}.rollout.model_path '/nonexistent/model/dir' is outside the run's directory", "empty directory"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "mutate", "expected"), MODEL_PATH_CASES, ids=[c[0] for c in MODEL_PATH_CASES])
+def test_a_bad_model_path_is_one_line_before_anything_starts_or_is_written(
+    case: str,
+    mutate: Mutation,
+    expected: list[str],
+    quickstart: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    no_run: None,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    mutate(quickstart)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(quickstart))
+    code, err = _lhr_fit(path, capsys)
+    assert code == 2
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    for fragment in expected:
+        assert fragment in lines[0], (fragment, lines[0])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]  # nothing written
+    assert not Path("/nonexistent").exists()
+    ray = sys.modules.get("ray")
+    assert ray is None or not ray.is_initialized()
+
+
+def test_a_directory_without_config_json_is_refused(tmp_path: Path) -> None:
+    from lightning_hybrid_rollout.lightning.model_path import model_path_problems
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "weights.bin").write_bytes(b"x")
+    [problem] = model_path_problems(str(tmp_path / "model"), None, build_model=False, run_dir=tmp_path)
+    assert "has no config.json" in problem
+    # build_model: an empty directory the user made is fine anywhere; a non-empty one outside the run dir is not
+    (tmp_path / "empty").mkdir()
+    assert model_path_problems(str(tmp_path / "empty"), None, build_model=True, run_dir=tmp_path / "run") == []
+    [problem] = model_path_problems(str(tmp_path / "model"), None, build_model=True, run_dir=tmp_path / "run")
+    assert "outside the run's directory" in problem
+    # the same directory spelled twice is one model
+    assert model_path_problems("runs/x/model", "./runs/x/model/", build_model=True, run_dir="runs/x") == []
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])

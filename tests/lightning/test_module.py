@@ -169,8 +169,10 @@ def test_recomputed_old_logprobs_with_truncated_is() -> None:
         torch.testing.assert_close(g, v, atol=1e-6, rtol=1e-4)
     with pytest.raises(ValueError, match="use_rollout_log_probs=False"):
         GRPOModule(model=tiny_llama(), truncated_is_cap=2.0)
-    with pytest.raises(ValueError, match="exactly one"):
-        GRPOModule()
+    with pytest.raises(ValueError, match="at most one"):
+        GRPOModule(model_path="x", model=tiny_llama())
+    with pytest.raises(ValueError, match="takes rollout.model_path"):  # no model and no callback to take it from
+        GRPOModule().configure_model()
 
 
 # --------------------------------------------------------------------------------- Lightning fit

@@ -265,13 +265,21 @@ def test_node_staging_is_reused_and_removed(tmp_path) -> None:
     st.ensure(3 << 20)  # grows: a new file replaces the old one
     assert st.path != first and not os.path.exists(first) and st.size >= 3 << 20
     second = st.path
+    assert os.stat(second).st_mode & 0o777 == 0o600  # never readable by another user
     st.close()
     assert not os.path.exists(second)
-    # a file left by a dead trainer process is swept when the next staging is made
-    stale = tmp_path / "lhr-node-weights-999999999-deadbeef"
-    stale.write_bytes(b"x")
-    NodeStaging(str(tmp_path)).ensure(1)
-    assert not stale.exists()
+
+
+def test_node_staging_defaults_to_the_runs_private_directory(tmp_path, monkeypatch) -> None:
+    import os
+
+    run_staging = tmp_path / "lhr-0-run"
+    run_staging.mkdir(mode=0o700)
+    monkeypatch.setenv("LHR_STAGING_DIR", str(run_staging))
+    st = NodeStaging()
+    st.ensure(1)
+    assert os.path.dirname(st.path) == str(run_staging)
+    st.close()
 
 
 # ---------------------------------------------------------------------------------------------------------------
