@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,6 +180,7 @@ class HybridRolloutCallback(Callback):
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._take_model_path(trainer, pl_module, check_disk=stage == "fit")
+        _redact_what_loggers_write(trainer)
         if stage != "fit":
             return
         run_dir = Path(self.run_dir or trainer.default_root_dir)
@@ -799,3 +801,28 @@ class HybridRolloutCallback(Callback):
                 getattr(pool, method)()
         if not self._offload_broadcast_done:
             self._broadcast(trainer, "stay")
+
+
+def _redact_what_loggers_write(trainer: Trainer) -> None:
+    """Mask secrets (:mod:`lightning_hybrid_rollout.redaction`) in every logger's hyperparameters and in the logs.
+
+    ``hparams.yaml`` (CSV/TensorBoard) and the W&B run config are written from ``log_hyperparams``; each logger's
+    method is wrapped once so what it receives is redacted.
+    """
+    from lightning_hybrid_rollout.redaction import install_log_redaction, redact
+
+    install_log_redaction()
+    for lg in trainer.loggers:
+        if getattr(lg, "_lhr_redacted", False):
+            continue
+        original = lg.log_hyperparams
+
+        def log_hyperparams(params: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            if isinstance(params, Mapping):
+                params = redact(dict(params))
+            elif hasattr(params, "__dict__") and not isinstance(params, type):
+                params = redact(dict(vars(params)))
+            return _original(params, *args, **kwargs)
+
+        lg.log_hyperparams = log_hyperparams  # type: ignore[method-assign]
+        lg._lhr_redacted = True  # type: ignore[attr-defined]

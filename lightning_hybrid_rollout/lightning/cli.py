@@ -18,6 +18,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from typing_extensions import override
+
 if TYPE_CHECKING:
     from lightning.pytorch.cli import LightningCLI
 
@@ -31,7 +33,7 @@ def cli_main(args: Sequence[str], run: bool = True) -> LightningCLI:
         args: Command-line arguments (``["fit", "--config", "x.yaml"]``; without a subcommand when ``run=False``).
         run: Run the subcommand; ``False`` only parses and instantiates (used to validate a config).
     """
-    from lightning.pytorch.cli import LightningCLI
+    from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
     import lightning_hybrid_rollout.lightning  # noqa: F401  (registers the hybrid strategies)
     from lightning_hybrid_rollout.lightning.data import RolloutDataModule
@@ -48,12 +50,36 @@ def cli_main(args: Sequence[str], run: bool = True) -> LightningCLI:
             )
             return super().instantiate_trainer(**kwargs)
 
+    class RedactedSaveConfigCallback(SaveConfigCallback):
+        """Lightning's ``config.yaml`` writer with secrets masked (:mod:`lightning_hybrid_rollout.redaction`)."""
+
+        @override
+        def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+            if self.already_saved:
+                return
+            import os
+
+            import yaml
+
+            from lightning_hybrid_rollout.redaction import collect_secrets, redact
+
+            log_dir = trainer.log_dir  # broadcasts the directory
+            if trainer.is_global_zero and log_dir is not None:
+                config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
+                collect_secrets(config)
+                os.makedirs(log_dir, exist_ok=True)
+                with open(os.path.join(log_dir, self.config_filename), "w") as f:
+                    yaml.safe_dump(redact(config), f, sort_keys=False)
+                self.save_config(trainer, pl_module, stage)
+            self.already_saved = trainer.strategy.broadcast(True)
+
     return HybridRolloutCLI(
         model_class=GRPOModule,
         datamodule_class=RolloutDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,
         args=list(args),
+        save_config_callback=RedactedSaveConfigCallback,
         save_config_kwargs={"overwrite": True},
         auto_configure_optimizers=False,
         run=run,
@@ -64,6 +90,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``lhr`` console script."""
     args = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from lightning_hybrid_rollout.redaction import install_log_redaction
+
+    install_log_redaction()
     if args and args[0] in _SIM_COMMANDS:
         from lightning_hybrid_rollout.sim import cli as sim_cli
 

@@ -171,7 +171,7 @@ def test_recomputed_old_logprobs_with_truncated_is() -> None:
         GRPOModule(model=tiny_llama(), truncated_is_cap=2.0)
     with pytest.raises(ValueError, match="at most one"):
         GRPOModule(model_path="x", model=tiny_llama())
-    with pytest.raises(ValueError, match="takes rollout.model_path"):  # no model and no callback to take it from
+    with pytest.raises(ValueError, match=r"takes rollout\.model_path"):  # no model and no callback to take it from
         GRPOModule().configure_model()
 
 

