@@ -27,6 +27,9 @@ _LAZY: dict[str, str] = {
     "HybridRolloutConfig": "lightning_hybrid_rollout.config",
     "ConfigError": "lightning_hybrid_rollout.config",
     "HybridRolloutCallback": "lightning_hybrid_rollout.lightning.callback",
+    "GRPOModule": "lightning_hybrid_rollout.lightning.module",
+    "RolloutDataModule": "lightning_hybrid_rollout.lightning.data",
+    "HybridRolloutError": "lightning_hybrid_rollout.errors",
 }
 
 

@@ -127,6 +127,47 @@ class _Checker:
             raise ConfigError(self.problems)
 
 
+_OWN_KEYS = {"deactivate_ratio": "dynamic_schedule_deactivate_ratio", "only_hybrid": "only_hybrid"}
+
+
+def policy_kwargs_problems(policy: Any, kwargs: Any) -> list[str]:
+    """Problems of ``dynamic_schedule_policy_kwargs`` for ``policy`` (empty when they fit its constructor).
+
+    Each problem reads as the rest of a sentence after the key, e.g. ``"has an unknown argument 'gate_margin' for
+    policy rate_matched. Did you mean 'gate_margin_s'? ..."``.
+    """
+    if not isinstance(kwargs, Mapping):
+        return [f"must be a mapping of the policy's constructor arguments, got {kwargs!r}."]
+    if not kwargs:
+        return []
+    try:
+        from lightning_hybrid_rollout.schedule import get_policy_class
+
+        cls = get_policy_class(policy)
+    except (ImportError, ValueError):
+        return []  # an unknown policy name is reported on its own key
+    params = inspect.signature(cls.__init__).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    valid = [n for n, p in params.items() if n != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD]
+    problems = []
+    for name in kwargs:
+        if name in _OWN_KEYS:
+            problems.append(f"sets {name!r}: use async_training.{_OWN_KEYS[name]} instead.")
+        elif not takes_any and name not in valid:
+            knobs = [n for n in valid if n not in _OWN_KEYS]
+            problems.append(
+                f"has an unknown argument {name!r} for policy {policy}.{_suggest(str(name), knobs)} "
+                f"Valid: {', '.join(knobs) or '(none)'}."
+            )
+    if problems:
+        return problems
+    try:
+        cls(**kwargs)
+    except (TypeError, ValueError) as err:
+        return [f"is not accepted by policy {policy}: {err}"]
+    return []
+
+
 def _available_policies() -> tuple[str, ...]:
     try:  # lazy: the schedule package is pure Python, but config must not depend on its import order
         from lightning_hybrid_rollout.schedule import available_policies
@@ -227,6 +268,11 @@ class AsyncTrainingConfig(_ConfigBase):
     ``int(ratio * step_required_samples)`` samples are buffered. The ``default`` policy adapts it each step;
     ``only_hybrid`` forces 1.0."""
 
+    dynamic_schedule_policy_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra constructor arguments of the policy, e.g. ``{gate_margin_fraction: 0.2}`` for ``rate_matched`` (its
+    tuning knobs; see docs/policies.md). Checked against the policy's signature: an unknown name is refused with
+    the closest valid one. ``deactivate_ratio`` and ``only_hybrid`` have their own keys above."""
+
     dynamic_schedule_enable_rebalance: bool = True
     """After activating hybrid replicas, clear the load balancer's sticky cache and abort + resume in-flight requests
     so least-loaded routing moves load onto the newly active (empty) replicas."""
@@ -294,6 +340,8 @@ class AsyncTrainingConfig(_ConfigBase):
             high=1.0,
             low_open=True,
         )
+        for problem in policy_kwargs_problems(self.dynamic_schedule_policy, self.dynamic_schedule_policy_kwargs):
+            c.problems.append(f"{c.key('dynamic_schedule_policy_kwargs')} {problem}")
         c.boolean("dynamic_schedule_enable_rebalance", self.dynamic_schedule_enable_rebalance)
         c.boolean("overlap_sync", self.overlap_sync)
         c.boolean("early_first_sync", self.early_first_sync)

@@ -124,7 +124,10 @@ class HybridRolloutCallback(Callback):
 
         a = self.async_training
         self.policy = create_policy(
-            a.dynamic_schedule_policy, deactivate_ratio=a.dynamic_schedule_deactivate_ratio, only_hybrid=a.only_hybrid
+            a.dynamic_schedule_policy,
+            deactivate_ratio=a.dynamic_schedule_deactivate_ratio,
+            only_hybrid=a.only_hybrid,
+            **a.dynamic_schedule_policy_kwargs,
         )
         # rank-0 runtime state
         self._runtime: Any = None
@@ -205,7 +208,15 @@ class HybridRolloutCallback(Callback):
         if hasattr(datamodule, "pad_token_id") and self._tokenizer.pad_token_id is not None:
             datamodule.pad_token_id = self._tokenizer.pad_token_id
         if trainer.is_global_zero:
+            rank_zero_info(f"[lhr] policy {self.async_training.dynamic_schedule_policy}: {self._describe_policy()}")
             self._start_runtime(trainer)
+
+    def _describe_policy(self) -> str:
+        """``Name(deactivate_ratio=..., only_hybrid=..., <each configured knob>=<the policy's value>)``."""
+        knobs = ", ".join(
+            f"{k}={getattr(self.policy, k, '?')!r}" for k in self.async_training.dynamic_schedule_policy_kwargs
+        )
+        return repr(self.policy)[:-1] + (f", {knobs})" if knobs else ")")
 
     def _take_model_path(self, trainer: Trainer, pl_module: LightningModule, check_disk: bool) -> None:
         """One model directory for the module and the engines, checked before anything starts (:mod:`.model_path`).

@@ -52,6 +52,10 @@ def _config(run: Path, max_steps: int, wandb: bool) -> dict[str, Any]:
     t["logger"] = loggers
     cb = t["callbacks"][0]["init_args"]
     cb.update(format_warmup_steps=10)
+    if wandb:  # also: a rate_matched knob set in YAML reaches the policy
+        cb["async_training"].update(
+            dynamic_schedule_policy="rate_matched", dynamic_schedule_policy_kwargs={"gate_margin_fraction": 0.37}
+        )
     cb["rollout"]["model_path"] = str(run / "model")
     return config
 
@@ -186,6 +190,8 @@ def test_a_local_run_listens_on_loopback_only_needs_its_token_and_writes_no_secr
         right = _gcs_client(f"127.0.0.1:{port}", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token_path)
         assert right == "CONNECTED", right  # the check above can fail: the token does open the door
         assert proc.wait(timeout=600) == 0, out.read_text()[-3000:]
+        policy = "RateMatchedPolicy(deactivate_ratio=0.3, only_hybrid=False, gate_margin_fraction=0.37)"
+        assert policy in out.read_text()
         assert not (left := _wait_gone(tree, within=10)), f"left after a normal end: {left}"
     finally:
         if proc.poll() is None:
@@ -227,30 +233,50 @@ def test_a_trainer_killed_mid_fit_leaves_nothing_behind(tmp_path: Path) -> None:
             proc.kill()
 
 
-def test_the_next_start_sweeps_a_run_whose_watchdog_died_too(tmp_path: Path) -> None:
-    proc, run, _ = _start_fit(tmp_path, max_steps=400)
+_RAY_OWNER = """
+import os, time
+import ray
+from lightning_hybrid_rollout.rollout.ray_runtime import RayRuntime
+
+rt = RayRuntime(num_cpus=1).start()
+
+
+@ray.remote
+class Actor:
+    def pid(self):
+        return os.getpid()
+
+
+actor = Actor.remote()
+print(rt.run_id, rt._watchdog.pid, ray.get(actor.pid.remote()), flush=True)
+time.sleep(300)
+"""
+
+
+def test_the_next_start_sweeps_a_run_whose_watchdog_died_too() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LHR_")}
+    owner = subprocess.Popen([sys.executable, "-c", _RAY_OWNER], env=env, stdout=subprocess.PIPE, text=True)
     try:
-        run_id = _run_id_of(proc)
-        _wait_for_steps(proc, run, 2)
-        tree = _tree(proc.pid, run_id)
+        assert owner.stdout is not None
+        run_id, watchdog, actor = owner.stdout.readline().split()
+        tree = _tree(owner.pid, run_id)
+        assert int(actor) in tree and {"gcs_server", "raylet"} <= {psutil.Process(p).name() for p in tree}
         root = run_guard.runs_root() / f"r-{run_id}"
-        owner = json.loads((root / run_guard.OWNER_FILE).read_text())
-        watchdog = [p for p in psutil.Process(proc.pid).children() if "run_guard" in " ".join(p.cmdline())]
-        assert len(watchdog) == 1
-        watchdog[0].kill()  # the machine's OOM killer took both
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+        staging = Path(json.loads((root / run_guard.OWNER_FILE).read_text())["staging_dir"])
+        time.sleep(1.5)  # the watchdog records the tree twice a second
+        os.kill(int(watchdog), signal.SIGKILL)  # the machine's OOM killer took both
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait(timeout=10)
         time.sleep(3)
         assert _alive(tree), "nothing was left to sweep: the test would prove nothing"
-        assert root.exists() and Path(owner["staging_dir"]).exists()
+        assert root.exists() and staging.exists()
         code = (
             "from lightning_hybrid_rollout.rollout.ray_runtime import RayRuntime\n"
             "RayRuntime(num_cpus=1).start().shutdown()"
         )
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LHR_")}
         subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=180, capture_output=True)
         assert not (left := _alive(tree)), f"the next start left the dead run's processes: {left}"
-        assert not root.exists() and not Path(owner["staging_dir"]).exists()
+        assert not root.exists() and not staging.exists()
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        if owner.poll() is None:
+            owner.kill()

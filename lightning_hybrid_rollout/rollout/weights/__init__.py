@@ -1,0 +1,1 @@
+"""The weight path's pieces: :mod:`.format` (wire format and checksums)."""

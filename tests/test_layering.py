@@ -1,0 +1,155 @@
+"""The package's layers, read from the source (``ast``): the day an import breaks one, this test fails.
+
+- ``schedule/``, ``config.py`` and ``errors.py`` are pure: no torch, Ray, vLLM or Lightning, anywhere in them;
+- ``rollout/`` imports nothing from ``lightning/`` or ``sim/``; ``sim/`` nothing from ``rollout/`` or ``lightning/``;
+  ``tasks/`` nothing from ``rollout/``, ``lightning/`` or ``sim/``;
+- no import cycle between the package's modules (imports inside functions count: a lazy import is still a
+  dependency; ``if TYPE_CHECKING:`` blocks do not).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "lightning_hybrid_rollout"
+NAME = PKG.name
+HEAVY = ("torch", "ray", "vllm", "lightning", "transformers", "torchmetrics", "deepspeed", "numpy")
+PURE = ("schedule", "config", "errors")
+FORBIDDEN = {
+    "rollout": ("lightning", "sim"),
+    "sim": ("rollout", "lightning"),
+    "tasks": ("rollout", "lightning", "sim"),
+    "schedule": ("rollout", "lightning", "sim", "tasks"),
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(path: Path) -> list[str]:
+    """Every module ``path`` imports (absolute names), outside ``if TYPE_CHECKING:`` blocks."""
+    tree = ast.parse(path.read_text())
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rsplit(".", 1)[0]
+    out: list[str] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            out.extend(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            out.append(module)
+            out.extend(f"{module}.{a.name}" for a in node.names)  # `from pkg import submodule`
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return out
+
+
+MODULES = {_module_name(p): p for p in PKG.rglob("*.py")}
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _internal(target: str) -> str | None:
+    """The package module ``target`` names (``a.b.c`` -> the longest known prefix), or None if external."""
+    while target:
+        if target in MODULES:
+            return target
+        target = target.rsplit(".", 1)[0] if "." in target else ""
+    return None
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = defaultdict(set)
+    for module, path in MODULES.items():
+        for target in _imports(path):
+            dep = _internal(target) if target.startswith(NAME) else None
+            if dep and dep != module and dep != NAME:
+                graph[module].add(dep)
+    return graph
+
+
+def test_pure_layers_import_no_heavy_library() -> None:
+    bad = []
+    for module, path in MODULES.items():
+        if _layer(module) not in PURE:
+            continue
+        for target in _imports(path):
+            if target.split(".")[0] in HEAVY:
+                bad.append(f"{module} imports {target}")
+    assert not bad, bad
+
+
+def test_layers_import_only_downwards() -> None:
+    bad = []
+    for module, deps in _graph().items():
+        for dep in deps:
+            if _layer(dep) in FORBIDDEN.get(_layer(module), ()):
+                bad.append(f"{module} -> {dep}")
+    assert not bad, bad
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(set(graph) | {w for ws in graph.values() for w in ws}):
+        if v not in index:
+            connect(v)
+    return found
+
+
+def test_no_import_cycle_in_the_package() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
