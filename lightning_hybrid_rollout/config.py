@@ -36,6 +36,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, TypeVar
 
+from lightning_hybrid_rollout.errors import ConfigError as ConfigError  # re-exported
+
 __all__ = [
     "BUILTIN_POLICIES",
     "DTYPES",
@@ -54,18 +56,6 @@ DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "auto")
 """Accepted values of :attr:`RolloutConfig.dtype`."""
 
 _C = TypeVar("_C", bound="_ConfigBase")
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid. ``problems`` holds one message per bad value (key, value seen, fix)."""
-
-    def __init__(self, problems: str | Iterable[str]) -> None:
-        self.problems: list[str] = [problems] if isinstance(problems, str) else list(problems)
-        if len(self.problems) == 1:
-            message = self.problems[0]
-        else:
-            message = f"{len(self.problems)} invalid config values:\n" + "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(message)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -153,3 +153,22 @@ def test_no_import_cycle_in_the_package() -> None:
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_every_error_of_the_package_subclasses_one_base() -> None:
+    import inspect
+
+    import lightning_hybrid_rollout.errors as errors
+
+    classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, BaseException)]
+    assert len(classes) >= 10
+    assert all(issubclass(c, errors.HybridRolloutError) for c in classes)
+    defined_elsewhere = [
+        f"{module}: class {node.name}"
+        for module, path in MODULES.items()
+        if module != f"{NAME}.errors"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+        and any(getattr(b, "id", getattr(b, "attr", "")).endswith(("Error", "Exception")) for b in node.bases)
+    ]
+    assert not defined_elsewhere, defined_elsewhere

@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
+from lightning_hybrid_rollout.errors import NoReplicaAvailableError as NoReplicaAvailableError  # re-exported
+from lightning_hybrid_rollout.errors import is_replica_dead_error as is_replica_dead_error  # re-exported
 from lightning_hybrid_rollout.rollout.engine import GenerationResult, SamplingSpec
 
 log = logging.getLogger(__name__)
@@ -42,7 +44,6 @@ ReplicaState = Literal["active", "removed", "dead"]
 
 # Names of exception classes that mean "this replica's process is gone" (checked along the MRO, so neither Ray nor
 # ``replica.py`` has to be imported here): the replica handle's own error and Ray's actor-death errors.
-DEAD_REPLICA_ERROR_NAMES: frozenset[str] = frozenset({"ReplicaDeadError", "RayActorError", "ActorDiedError"})
 
 
 @runtime_checkable
@@ -50,8 +51,8 @@ class ReplicaLike(Protocol):
     """What the load balancer and the rollouter need from a replica handle.
 
     ``rollout/replica.py``'s ``ReplicaHandle`` satisfies it; so does the in-test fake. ``generate`` returns
-    ``finish_reason="abort"`` with the partial tokens when aborted, and raises an error named ``ReplicaDeadError``
-    (or a Ray actor-death error) when the replica's process is gone.
+    ``finish_reason="abort"`` with the partial tokens when aborted, and raises
+    :class:`~lightning_hybrid_rollout.errors.ReplicaDeadError` when the replica's process is gone.
     """
 
     replica_id: str
@@ -62,19 +63,6 @@ class ReplicaLike(Protocol):
     ) -> GenerationResult: ...
 
     async def abort(self, request_ids: list[str]) -> None: ...
-
-
-class NoReplicaAvailableError(TimeoutError):
-    """No routable replica appeared within the load balancer's acquire timeout."""
-
-
-def is_replica_dead_error(exc: BaseException) -> bool:
-    """True if ``exc`` means the replica's process is gone (``ReplicaDeadError`` or a Ray actor-death error).
-
-    Args:
-        exc: The exception raised by a replica call.
-    """
-    return any(cls.__name__ in DEAD_REPLICA_ERROR_NAMES for cls in type(exc).__mro__)
 
 
 @dataclass

@@ -21,13 +21,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from lightning_hybrid_rollout.errors import MessageQueueClosed as MessageQueueClosed  # re-exported
 from lightning_hybrid_rollout.rollout.sample import Sample
 
 log = logging.getLogger(__name__)
-
-
-class MessageQueueClosed(RuntimeError):
-    """The queue was closed (the rollouter stopped or failed); the message names the cause."""
 
 
 @dataclass(frozen=True)

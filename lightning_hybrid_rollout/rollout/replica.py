@@ -6,7 +6,7 @@ with a placement group bundle (written for CUDA machines, not testable on CPU).
 
 :class:`ReplicaHandle` is what the load balancer, rollouter and controller hold: async methods mirroring the
 :class:`~lightning_hybrid_rollout.rollout.engine.RolloutEngine` protocol, translating a dead actor into
-:class:`ReplicaDeadError` (its name is what ``load_balancer.is_replica_dead_error`` matches).
+:class:`~lightning_hybrid_rollout.errors.ReplicaDeadError` (the type ``errors.is_replica_dead_error`` checks).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from lightning_hybrid_rollout.errors import ReplicaDeadError as ReplicaDeadError  # re-exported
 from lightning_hybrid_rollout.rollout.engine import GenerationResult, SamplingSpec
 from lightning_hybrid_rollout.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
 
@@ -27,23 +28,6 @@ logger = logging.getLogger(__name__)
 
 ReplicaRole = Literal["standalone", "hybrid"]
 ReplicaState = Literal["starting", "active", "parked", "syncing", "stopped", "dead"]
-
-
-class ReplicaDeadError(RuntimeError):
-    """The replica's actor (and so its engine) is gone; route elsewhere and retry.
-
-    Args:
-        replica_id: The dead replica.
-        cause: What Ray reported.
-    """
-
-    def __init__(self, replica_id: str, cause: BaseException | str | None = None) -> None:
-        self.replica_id = replica_id
-        detail = f": {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}" if cause else ""
-        super().__init__(f"replica {replica_id} is dead (its Ray actor exited){detail}")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (ReplicaDeadError, (self.replica_id, None))
 
 
 def round_robin_cores(index: int, cpus_per_replica: int, available: Sequence[int] | None = None) -> list[int]:

@@ -52,6 +52,7 @@ from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Se
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from lightning_hybrid_rollout.errors import RolloutError as RolloutError  # re-exported
 from lightning_hybrid_rollout.rollout.engine import SamplingSpec
 from lightning_hybrid_rollout.rollout.load_balancer import (
     LoadBalancer,
@@ -67,10 +68,6 @@ T = TypeVar("T")
 _ROLES = ("standalone", "hybrid")
 HistoryPoint = tuple[float, int, int]
 PromptItem = str | Mapping[str, Any]
-
-
-class RolloutError(RuntimeError):
-    """The rollouter stopped because of an unrecoverable error (the cause is chained)."""
 
 
 @dataclass

@@ -53,16 +53,13 @@ from typing import Any, Literal
 
 import torch
 
+from lightning_hybrid_rollout.errors import WeightLoadError as WeightLoadError  # re-exported
 from lightning_hybrid_rollout.rollout.engine import GenerationResult, SamplingSpec
 from lightning_hybrid_rollout.rollout.run_guard import default_staging_dir
 
 logger = logging.getLogger(__name__)
 
 EngineState = Literal["starting", "active", "parked", "syncing", "stopped", "dead"]
-
-
-class WeightLoadError(RuntimeError):
-    """An engine could not load or verify a weight update (the message names the replica and the cause)."""
 
 
 @dataclass

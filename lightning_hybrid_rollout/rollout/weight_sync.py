@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from lightning_hybrid_rollout.errors import WeightSyncError as WeightSyncError  # re-exported
 from lightning_hybrid_rollout.rollout.run_guard import default_staging_dir
 
 if TYPE_CHECKING:
@@ -90,24 +91,6 @@ if hasattr(torch, "float8_e4m3fn"):
     _ST_DTYPES[torch.float8_e5m2] = "F8_E5M2"
     _ST_DTYPES_INV["F8_E4M3"] = torch.float8_e4m3fn
     _ST_DTYPES_INV["F8_E5M2"] = torch.float8_e5m2
-
-
-class WeightSyncError(RuntimeError):
-    """A replica's weights do not match what the trainer sent.
-
-    Args:
-        failures: ``replica_id -> description`` (expected vs got checksum, or the error the replica raised).
-        report: The :class:`SyncReport` of the push (timings of the replicas that did answer).
-    """
-
-    def __init__(self, failures: Mapping[str, str], report: SyncReport | None = None) -> None:
-        self.failures = dict(failures)
-        self.report = report
-        lines = "; ".join(f"replica {rid}: {why}" for rid, why in sorted(self.failures.items()))
-        super().__init__(
-            f"weight sync failed on {len(self.failures)} replica(s): {lines}. The replica keeps serving whatever it "
-            f"holds now; push the weights again (or restart the replica) before trusting its samples."
-        )
 
 
 # ---------------------------------------------------------------------------------------------------------------

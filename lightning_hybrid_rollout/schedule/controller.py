@@ -45,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from lightning_hybrid_rollout.errors import ReplicaPoolError as ReplicaPoolError  # re-exported
 from lightning_hybrid_rollout.schedule.base import DynamicScheduleContext, DynamicSchedulePolicyBase
 
 logger = logging.getLogger(__name__)
@@ -102,27 +103,6 @@ class ReplicaPool(Protocol):
     def rebalance_requests(self) -> object:
         """Clear the sticky cache, abort in-flight requests on active replicas, resume (least-loaded re-routing)."""
         ...
-
-
-class ReplicaPoolError(RuntimeError):
-    """A pool method raised during a controller phase; the message reads ``"<phase> failed at <method>: <error>"``.
-
-    Args:
-        phase: ``"activate"``, ``"deactivate"`` or ``"rebalance"``.
-        method: The pool method that raised.
-        original: The exception it raised (also the ``__cause__``).
-
-    Example::
-
-        err = ReplicaPoolError("deactivate", "abort_replicas", TimeoutError("engine 3"))
-        assert str(err) == "deactivate failed at abort_replicas: engine 3"
-    """
-
-    def __init__(self, phase: str, method: str, original: BaseException) -> None:
-        super().__init__(f"{phase} failed at {method}: {original}")
-        self.phase = phase
-        self.method = method
-        self.original = original
 
 
 @dataclass(frozen=True)

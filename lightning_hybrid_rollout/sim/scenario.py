@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lightning_hybrid_rollout.errors import ScenarioError as ScenarioError  # re-exported
+
 __all__ = [
     "SEQUENCINGS",
     "LengthModel",
@@ -42,10 +44,6 @@ __all__ = [
 
 #: Named sequencings of the trainer's sync boundary (see :class:`RunSpec`).
 SEQUENCINGS: tuple[str, ...] = ("seed", "overlap_sync")
-
-
-class ScenarioError(ValueError):
-    """A scenario value is invalid; the message names the field, the value seen and what to do."""
 
 
 def _check(cond: bool, msg: str) -> None:

@@ -43,6 +43,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from lightning_hybrid_rollout.errors import SimulationError as SimulationError  # re-exported
 from lightning_hybrid_rollout.sim.scenario import ReplicaModel, RunSpec, Scenario
 from lightning_hybrid_rollout.trace import IN_FLIGHT, QUEUE_DEPTH, TraceWriter
 
@@ -51,10 +52,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["ProductionWindow", "RolloutWorld", "SimReplica", "SimSample", "SimulationError"]
 
 _EPS = 1e-9
-
-
-class SimulationError(RuntimeError):
-    """The simulation cannot proceed (e.g. the trainer waits for samples no replica can ever produce)."""
 
 
 @dataclass(eq=False)

@@ -15,13 +15,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from lightning_hybrid_rollout.errors import ReplicaDeadError
 from lightning_hybrid_rollout.rollout.engine import GenerationResult, SamplingSpec
 
 TOKEN_BASE = 1000
-
-
-class ReplicaDeadError(RuntimeError):
-    """The fake replica was killed (same class name as ``rollout/replica.py``'s error)."""
 
 
 def expected_token(abs_index: int) -> int:
@@ -102,7 +99,7 @@ class FakeReplica:
     async def generate(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec) -> GenerationResult:
         self._loop = asyncio.get_running_loop()
         if not self.is_alive:
-            raise ReplicaDeadError(f"replica {self.replica_id} is dead")
+            raise ReplicaDeadError(self.replica_id)
         if self.forbidden:
             self.violations.append(request_id)
         self.calls.append(FakeCall(request_id, len(prompt_token_ids), sampling.max_tokens, time.monotonic()))
@@ -125,7 +122,7 @@ class FakeReplica:
                 if high > 0:
                     await asyncio.sleep(self._rng.uniform(low, high))
                 if not self.is_alive:
-                    raise ReplicaDeadError(f"replica {self.replica_id} died during {request_id}")
+                    raise ReplicaDeadError(self.replica_id, f"died during {request_id}")
                 if req.aborted or (self.abort_prob and self._rng.random() < self.abort_prob):
                     return self._result(request_id, tokens, logprobs, "abort", version)
                 j = start + i
@@ -144,7 +141,7 @@ class FakeReplica:
 
     async def abort(self, request_ids: list[str]) -> None:
         if not self.is_alive:
-            raise ReplicaDeadError(f"replica {self.replica_id} is dead")
+            raise ReplicaDeadError(self.replica_id)
         self.abort_requests.extend(request_ids)
         for rid in request_ids:
             req = self._running.get(rid)

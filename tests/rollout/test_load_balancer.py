@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from lightning_hybrid_rollout.errors import ReplicaDeadError
 from lightning_hybrid_rollout.rollout.engine import SamplingSpec
 from lightning_hybrid_rollout.rollout.load_balancer import (
     LoadBalancer,
@@ -13,7 +14,7 @@ from lightning_hybrid_rollout.rollout.load_balancer import (
     ReplicaLike,
     is_replica_dead_error,
 )
-from tests.rollout.fakes import FakeReplica, ReplicaDeadError
+from tests.rollout.fakes import FakeReplica
 
 
 def run(coro):
@@ -172,9 +173,11 @@ def test_duplicate_in_flight_request_id_is_rejected_and_unknown_replica_named():
     run(main())
 
 
-def test_dead_error_detection_by_name():
+def test_a_dead_replica_is_recognised_by_its_type_not_its_name():
     assert is_replica_dead_error(ReplicaDeadError("x"))
     assert not is_replica_dead_error(RuntimeError("x"))
+    impostor = type("ReplicaDeadError", (RuntimeError,), {})  # same name, another class: not a dead replica
+    assert not is_replica_dead_error(impostor("x"))
 
 
 def test_pool_listener_fires_on_changes():
