@@ -827,7 +827,7 @@ class LHRWorkerExtension:
         return self.model_runner.get_model()  # type: ignore[attr-defined]
 
     def _lhr_fingerprint(self) -> dict[str, str]:
-        from lightning_hybrid_rollout.rollout.weight_sync import tensor_digest
+        from lightning_hybrid_rollout.rollout.weights.format import tensor_digest
 
         out = {}
         for name, p in self._lhr_model().named_parameters():
@@ -944,7 +944,7 @@ class LHRWorkerExtension:
         if verify:
             from safetensors.torch import load_file
 
-            from lightning_hybrid_rollout.rollout.weight_sync import checksum_state
+            from lightning_hybrid_rollout.rollout.weights.format import checksum_state
 
             if files:
                 tensors: dict[str, torch.Tensor] = {}
@@ -1008,7 +1008,7 @@ class LHRWorkerExtension:
         """
         from vllm.config import set_current_vllm_config
 
-        from lightning_hybrid_rollout.rollout.weight_sync import tensor_digest
+        from lightning_hybrid_rollout.rollout.weights.format import tensor_digest
 
         upd = self._lhr_update
         if upd is None:
@@ -1108,7 +1108,7 @@ class LHRWorkerExtension:
         ``source``: ``"staging"`` (this engine's own file, written by its frontend) or ``"node"`` (the trainer's
         node-local file).
         """
-        from lightning_hybrid_rollout.rollout.weight_sync import parse_safetensors
+        from lightning_hybrid_rollout.rollout.weights.format import parse_safetensors
 
         mm = self._lhr_mm if source == "staging" else getattr(self, "_lhr_node_mm", None)
         if self._lhr_update is None or mm is None:
@@ -1159,11 +1159,11 @@ class LHRWorkerExtension:
 
     @staticmethod
     def _lhr_nccl_views(meta: dict[str, Any], buf: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
-        from lightning_hybrid_rollout.rollout.weight_sync import _ST_DTYPES_INV
+        from lightning_hybrid_rollout.rollout.weights.format import SAFETENSORS_DTYPE_BY_NAME
 
         items = []
         for m in meta["tensors"]:
-            dtype = _ST_DTYPES_INV[m["dtype"]]
+            dtype = SAFETENSORS_DTYPE_BY_NAME[m["dtype"]]
             n = int(torch.Size(m["shape"]).numel()) * torch.empty((), dtype=dtype).element_size()
             items.append((m["name"], buf[m["offset"] : m["offset"] + n].view(dtype).reshape(m["shape"])))
         return items
@@ -1197,7 +1197,7 @@ class LHRWorkerExtension:
         """Finalize the reload, check coverage and read-back; returns the checksum (or ``error``)."""
         from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
 
-        from lightning_hybrid_rollout.rollout.weight_sync import combine_digests
+        from lightning_hybrid_rollout.rollout.weights.format import combine_digests
 
         upd = self._lhr_update
         if upd is None:

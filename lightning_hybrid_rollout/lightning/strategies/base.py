@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from lightning_hybrid_rollout.rollout.weights.format import DEFAULT_BUCKET_BYTES as DEFAULT_BUCKET_BYTES
+
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
 log = logging.getLogger(__name__)
 
-#: Default bucket size of :meth:`HybridStrategyMixin.iter_full_weights` (256 MiB).
-DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
 
 # Wrapper segments that torch / Lightning insert into parameter names; HF (and vLLM's loader) know none of them.
 _WRAPPER_SEGMENTS = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
