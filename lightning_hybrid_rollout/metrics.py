@@ -42,6 +42,7 @@ __all__ = [
     "DEACTIVATE_DURATION_S",
     "HYBRID_ACTIVE",
     "HYBRID_SYNC_SKIPPED",
+    "HYBRID_SYNC_SKIPPED_TOTAL",
     "METRIC_NAMES",
     "MQ_SIZE",
     "RESOURCE_UTILIZATION",
@@ -94,6 +95,7 @@ DEACTIVATE_DURATION_S = "dynamic_resource/deactivate_duration_s"
 WEIGHT_SYNC_TIME_S = "dynamic_resource/weight_sync_time_s"
 """Ours: wall-clock seconds of the last weight sync (standalone, plus hybrid when activated)."""
 HYBRID_SYNC_SKIPPED = "dynamic_resource/hybrid_sync_skipped"
+HYBRID_SYNC_SKIPPED_TOTAL = "dynamic_resource/hybrid_sync_skipped_total"
 """Ours: 1 when the policy kept hybrid replicas asleep so their weight sync was skipped, else 0."""
 HYBRID_ACTIVE = "dynamic_resource/hybrid_active"
 """Ours: 1 while hybrid replicas serve rollout (HYBRID_ACTIVE state), 0 in STANDALONE_ONLY."""
@@ -115,6 +117,7 @@ METRIC_NAMES: tuple[str, ...] = (
     DEACTIVATE_DURATION_S,
     WEIGHT_SYNC_TIME_S,
     HYBRID_SYNC_SKIPPED,
+    HYBRID_SYNC_SKIPPED_TOTAL,
     HYBRID_ACTIVE,
 )
 """Every metric name this package emits."""

@@ -56,6 +56,7 @@ def test_metric_names_match_the_seed_verbatim():
         "dynamic_resource/deactivate_duration_s",
         "dynamic_resource/weight_sync_time_s",
         "dynamic_resource/hybrid_sync_skipped",
+        "dynamic_resource/hybrid_sync_skipped_total",
         "dynamic_resource/hybrid_active",
     )
     assert len(set(M.METRIC_NAMES)) == len(M.METRIC_NAMES)

@@ -141,6 +141,7 @@ class HybridRolloutCallback(Callback):
         self.cycles_done = 0
         self.samples_consumed = 0
         self.hybrid_sync_skipped = 0
+        self._cycle_hybrid_sync_skipped = False
         self.generated_offset = 0
         self.switch_events: list[dict[str, Any]] = []
         #: One entry per ``overlap_sync`` preparation: timings, seconds saved, whether the controller activated.
@@ -324,6 +325,7 @@ class HybridRolloutCallback(Callback):
             else:
                 # Initial activation decision (step 0: update_after_step is a no-op there).
                 self._after_sync(trainer, global_steps=0)
+            self._runtime.pool.take_cycle_sync_s()  # a start-up push belongs to no cycle's weight_sync_time_s
         else:
             self._follow_offload(trainer)
         self._pending_state = None
@@ -539,8 +541,10 @@ class HybridRolloutCallback(Callback):
         if end.rebalanced:
             self.call_log.append("request_rebalance")
         synced = prepared and self.overlap_events[-1]["hybrid_error"] is None
-        if not self._controller.is_hybrid_active and self.rollout.hybrid_replicas > 0 and not synced:
-            self.hybrid_sync_skipped += 1
+        self._cycle_hybrid_sync_skipped = (
+            not self._controller.is_hybrid_active and self.rollout.hybrid_replicas > 0 and not synced
+        )
+        self.hybrid_sync_skipped += int(self._cycle_hybrid_sync_skipped)
         self.call_log.append("update_after_step")
         return end
 
@@ -698,8 +702,9 @@ class HybridRolloutCallback(Callback):
             "extra": {
                 M.ACTIVATE_DURATION_S: end.cycle_activate_duration_s,
                 M.DEACTIVATE_DURATION_S: end.cycle_deactivate_duration_s,
-                M.WEIGHT_SYNC_TIME_S: sync_s,
-                M.HYBRID_SYNC_SKIPPED: float(self.hybrid_sync_skipped),
+                M.WEIGHT_SYNC_TIME_S: sync_s + self._runtime.pool.take_cycle_sync_s(),  # standalone + hybrid
+                M.HYBRID_SYNC_SKIPPED: float(self._cycle_hybrid_sync_skipped),  # this cycle: 0 or 1
+                M.HYBRID_SYNC_SKIPPED_TOTAL: float(self.hybrid_sync_skipped),
                 M.HYBRID_ACTIVE: float(self._controller.is_hybrid_active) if self._controller else 0.0,
                 "dynamic_resource/deactivate_ratio": float(self.policy.deactivate_ratio),
                 "dynamic_resource/param_version": float(self.param_version),

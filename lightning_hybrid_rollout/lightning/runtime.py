@@ -173,6 +173,8 @@ class HybridReplicaPool:
         #: Param version the hybrid engines hold while awake (None: asleep, or not synced since they woke).
         self.weights_version: int | None = None
         self.calls: list[str] = []
+        #: Seconds of hybrid weight pushes not yet reported in a cycle's ``weight_sync_time_s``.
+        self.cycle_sync_s = 0.0
 
     @property
     def replicas(self) -> list[Any]:
@@ -205,7 +207,9 @@ class HybridReplicaPool:
             return
         self.calls.append("sync_weights")
         self._rt.set_state(self.ids, "syncing")
+        t0 = time.monotonic()
         self._rt.push(self._rt.weights(), self.replicas, version)
+        self.cycle_sync_s += time.monotonic() - t0
         self.weights_version = version
         self._rt.set_state(self.ids, "switching")
 
@@ -227,7 +231,14 @@ class HybridReplicaPool:
             self._rt.last_hybrid_sync_report = report
         self.weights_version = version
         self._rt.set_state(self.ids, "switching")
-        return woken_s, time.monotonic()
+        synced_s = time.monotonic()
+        self.cycle_sync_s += synced_s - woken_s
+        return woken_s, synced_s
+
+    def take_cycle_sync_s(self) -> float:
+        """Seconds spent pushing weights to the hybrid replicas since the last call (one cycle's hybrid sync)."""
+        seconds, self.cycle_sync_s = self.cycle_sync_s, 0.0
+        return seconds
 
     def add_replicas(self) -> None:
         self.calls.append("add_replicas")

@@ -185,7 +185,8 @@ def test_static_fully_async_never_uses_the_hybrid_replica_and_skips_its_sync(mod
     assert all(r.get("hybrid-0", 0) == 0 for r in rep["routed"]), rep["routed"]
     rows = read_metrics(rep["root"])
     skipped = column(rows, M.HYBRID_SYNC_SKIPPED)
-    assert skipped and skipped[-1] >= 2  # one skipped hybrid sync per cycle
+    assert len(skipped) >= 2 and all(v == 1.0 for v in skipped)  # each cycle skipped it: 1 per cycle, not a count
+    assert column(rows, M.HYBRID_SYNC_SKIPPED_TOTAL)[-1] == 3  # the running count: the start decision + 2 cycles
     assert rep["hybrid_sync_skipped"] == 3  # the start decision + 2 cycles
 
 

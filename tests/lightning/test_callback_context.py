@@ -42,6 +42,9 @@ class _Pool:
     def sync_weights(self) -> None:
         pass
 
+    def take_cycle_sync_s(self) -> float:
+        return 0.0
+
     def add_replicas(self) -> None:
         self.rt.rollouter.add_replicas(self.rt.hybrid, paused=True)
         self.registered = True

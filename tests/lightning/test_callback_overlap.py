@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 
+from lightning_hybrid_rollout import metrics as M
 from lightning_hybrid_rollout.config import AsyncTrainingConfig, ConfigError, RolloutConfig
 from lightning_hybrid_rollout.lightning.callback import HybridRolloutCallback
 from lightning_hybrid_rollout.lightning.runtime import RolloutRuntime
@@ -271,6 +272,7 @@ def drive(
                 mark["active"] = cb.controller.is_hybrid_active  # type: ignore[union-attr]
                 mark["awake"] = rt.pool.awake
                 mark["param_version"] = cb.param_version
+                mark["metrics"] = dict(cb.last_cycle_metrics)
                 out["boundaries"].append(mark)
     finally:
         rt.stop()
@@ -319,6 +321,19 @@ def test_without_overlap_sync_the_cycle_end_keeps_the_seed_order(tmp_path: Path,
     assert [phase for phase, *_ in run["asks"]] == ["controller"] * 3
     assert "overlap_should_activate" not in run["cb"].call_log and run["cb"].overlap_events == []
     assert all(run["onloaded_when_training"])
+
+
+def test_cycle_sync_metrics_mean_this_cycles_pushes_and_whether_it_skipped_the_hybrid_sync(
+    tmp_path: Path, fake_push: list[Any]
+) -> None:
+    """``weight_sync_time_s`` = standalone + hybrid push seconds of the cycle; ``hybrid_sync_skipped`` 0/1 per cycle."""
+    run = drive(tmp_path, lambda phase, step: step == 1, steps=6)
+    first, second, third = (b["metrics"] for b in run["boundaries"])
+    sync, skipped, total = M.WEIGHT_SYNC_TIME_S, M.HYBRID_SYNC_SKIPPED, M.HYBRID_SYNC_SKIPPED_TOTAL
+    assert first[sync] >= 2 * PUSH_S - 0.02  # the standalone push and the activation's hybrid push
+    assert PUSH_S - 0.02 <= second[sync] < 2 * PUSH_S - 0.1  # standalone only
+    assert [first[skipped], second[skipped], third[skipped]] == [0.0, 1.0, 1.0]
+    assert [first[total], second[total], third[total]] == [1.0, 2.0, 3.0]  # the start decision skipped too
 
 
 def test_overlap_sync_asks_first_and_wakes_and_syncs_hybrid_during_the_standalone_sync(
