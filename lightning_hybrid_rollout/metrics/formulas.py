@@ -1,31 +1,6 @@
-"""The seed's ``dynamic_resource/*`` metrics (seed §4): pure formulas plus torchmetrics classes.
+"""The seed's §4 metric names and formulas: pure Python, shared by the runtime and the simulator (no torch).
 
-Two layers live in this one file:
-
-* **Pure functions** (no torch): the seed's formulas, written once and shared by the runtime (callback,
-  rollouter) and the simulator. Importing this module does not import torch.
-* **torchmetrics classes** built on those functions, created on first attribute access through the module's
-  ``__getattr__`` (so ``from lightning_hybrid_rollout.metrics import TrainResourceUtilization`` imports torch and
-  torchmetrics, ``import lightning_hybrid_rollout.metrics`` does not). Every ratio is reduced
-  *sum-then-divide*: numerator and denominator are separate ``dist_reduce_fx="sum"`` states, the ratio is taken
-  once on the pooled totals. ``LightningModule.log(ratio_tensor, sync_dist=True)`` would average per-rank ratios
-  instead, which is not the seed's formula.
-
-Formulas (seed §4; ``a`` = hybrid devices, ``b`` = standalone devices):
-
-* ``U_train = Σ compute_i / Σ alloc_i`` over the cycle's micro fit-steps (sum first, ratio once).
-* ``U_rollout = Σ_k (t_{k+1}-t_k)·min(cap_k, active_k) / Σ_k (t_{k+1}-t_k)·cap_k`` (intervals with cap 0 skipped).
-* ``cap_k = min(servers_k · s, maxReq)``.
-* ``x = clip(wait / step, 0, 1)``; ``U_cluster = ((1-x)·a·U_train + (x·a + b)·U_rollout) / (a + b)``.
-* ``mq_size``: last value observed in the cycle; ``step_generated_samples``: a counter reset at each param version.
-
-Example::
-
-    >>> from lightning_hybrid_rollout.metrics import train_resource_utilization, rollout_resource_utilization
-    >>> train_resource_utilization([3.0, 5.0], [4.0, 6.0])  # (3+5)/(4+6)
-    0.8
-    >>> rollout_resource_utilization([(0.0, 4, 8), (2.0, 8, 8), (4.0, 0, 8)])  # (2·4 + 2·8)/(2·8 + 2·8)
-    0.75
+See :mod:`lightning_hybrid_rollout.metrics` for the formulas in words.
 """
 
 from __future__ import annotations
@@ -57,6 +32,7 @@ __all__ = [
     "LastValue",
     "StepCounter",
     "UtilizationPoint",
+    "as_total",
     "cluster_resource_utilization",
     "correct_seed_capacity",
     "cycle_metrics",
@@ -65,6 +41,7 @@ __all__ = [
     "rollout_capacity",
     "rollout_resource_utilization",
     "rollout_utilization_terms",
+    "safe_ratio",
     "train_compute_time",
     "train_resource_utilization",
 ]
@@ -139,7 +116,7 @@ TRAIN_COMPUTE_TIMING_KEYS: tuple[str, ...] = (
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _total(value: Any, name: str) -> float:
+def as_total(value: Any, name: str) -> float:
     """Sum a float or a sequence of floats (tensors and arrays accepted); reject negative or non-finite parts."""
     if hasattr(value, "tolist"):  # torch.Tensor / numpy array / numpy scalar
         value = value.tolist()
@@ -157,7 +134,7 @@ def _total(value: Any, name: str) -> float:
     return total
 
 
-def _ratio(num: float, den: float) -> float:
+def safe_ratio(num: float, den: float) -> float:
     return num / den if den > 0 else 0.0
 
 
@@ -178,7 +155,7 @@ def train_compute_time(timing_raw: dict[str, float]) -> float:
         >>> train_compute_time({"reward": 0.5, "update_actor": 2.0, "gen": 9.0})
         2.5
     """
-    return _total([timing_raw.get(k, 0.0) for k in TRAIN_COMPUTE_TIMING_KEYS], "timing_raw")
+    return as_total([timing_raw.get(k, 0.0) for k in TRAIN_COMPUTE_TIMING_KEYS], "timing_raw")
 
 
 def train_resource_utilization(compute_s: float | Sequence[float], allocated_s: float | Sequence[float]) -> float:
@@ -190,7 +167,7 @@ def train_resource_utilization(compute_s: float | Sequence[float], allocated_s: 
         compute_s: training-compute seconds, one float for the whole cycle or one per micro fit-step.
         allocated_s: wall-clock seconds of the trainer's turn (includes param sync and activation), same shape.
     """
-    return _ratio(_total(compute_s, "compute_s"), _total(allocated_s, "allocated_s"))
+    return safe_ratio(as_total(compute_s, "compute_s"), as_total(allocated_s, "allocated_s"))
 
 
 class UtilizationPoint(NamedTuple):
@@ -250,7 +227,7 @@ def rollout_resource_utilization(history: Iterable[Sequence[float]]) -> float:
     Args:
         history: see :func:`rollout_utilization_terms`.
     """
-    return _ratio(*rollout_utilization_terms(history))
+    return safe_ratio(*rollout_utilization_terms(history))
 
 
 def correct_seed_capacity(history: Sequence[Sequence[float]], cap: int) -> list[UtilizationPoint]:
@@ -308,7 +285,7 @@ def hybrid_rollout_fraction(wait_s: float | Sequence[float], step_s: float | Seq
             were not in rollout mode this cycle.
         step_s: summed ``timing_s/step`` (float or one per micro-step).
     """
-    return min(1.0, max(0.0, _ratio(_total(wait_s, "wait_s"), _total(step_s, "step_s"))))
+    return min(1.0, max(0.0, safe_ratio(as_total(wait_s, "wait_s"), as_total(step_s, "step_s"))))
 
 
 def cluster_resource_utilization(
@@ -417,8 +394,8 @@ def cycle_metrics(
         RESOURCE_UTILIZATION: cluster_resource_utilization(
             u_train, u_rollout, wait_s, step_s, hybrid_devices, standalone_devices
         ),
-        TRAIN_COMPUTE_TIME_S: _total(compute_s, "compute_s"),
-        TRAIN_ALLOCATED_TIME_S: _total(allocated_s, "allocated_s"),
+        TRAIN_COMPUTE_TIME_S: as_total(compute_s, "compute_s"),
+        TRAIN_ALLOCATED_TIME_S: as_total(allocated_s, "allocated_s"),
     }
     mq = list(mq_sizes)
     if mq:
@@ -431,216 +408,3 @@ def cycle_metrics(
 # --------------------------------------------------------------------------------------------------------------
 # torchmetrics classes (built lazily: torch is imported on first access, never by ``import ...metrics``)
 # --------------------------------------------------------------------------------------------------------------
-
-_TORCH_METRIC_NAMES = (
-    "TrainResourceUtilization",
-    "RolloutResourceUtilization",
-    "ClusterResourceUtilization",
-    "LastValueMetric",
-    "CounterMetric",
-)
-
-
-def _build_torch_metrics() -> dict[str, type]:
-    import torch
-    from torchmetrics import Metric
-
-    f64 = torch.float64
-
-    def _zero() -> torch.Tensor:
-        return torch.tensor(0.0, dtype=f64)
-
-    class TrainResourceUtilization(Metric):
-        """``dynamic_resource/train_resource_utilization`` (seed §4.1) as a sum-then-divide metric.
-
-        States ``compute_s`` and ``allocated_s`` are summed over updates and across ranks (``dist_reduce_fx="sum"``);
-        ``compute()`` returns ``Σcompute / Σallocated`` (0 when nothing allocated), the pooled ratio, never the mean
-        of per-rank ratios.
-
-        Example::
-
-            >>> m = TrainResourceUtilization()
-            >>> m.update(3.0, 4.0); m.update([1.0, 1.0], [3.0, 3.0])
-            >>> float(m.compute())  # (3+2)/(4+6)
-            0.5
-        """
-
-        is_differentiable = False
-        higher_is_better = True
-        full_state_update = False
-
-        def __init__(self, **kwargs: Any) -> None:
-            super().__init__(**kwargs)
-            self.add_state("compute_s", default=_zero(), dist_reduce_fx="sum")
-            self.add_state("allocated_s", default=_zero(), dist_reduce_fx="sum")
-
-        def update(self, compute_s: Any, allocated_s: Any) -> None:
-            """Add training-compute and allocated seconds (floats, sequences or tensors; summed)."""
-            self.compute_s += _total(compute_s, "compute_s")
-            self.allocated_s += _total(allocated_s, "allocated_s")
-
-        def compute(self) -> torch.Tensor:
-            return torch.tensor(
-                train_resource_utilization(float(self.compute_s), float(self.allocated_s)),
-                dtype=f64,
-            )
-
-    class RolloutResourceUtilization(Metric):
-        """``dynamic_resource/rollout_resource_utilization`` (seed §4.2) as a sum-then-divide metric.
-
-        Each ``update(history)`` adds the window's :func:`rollout_utilization_terms` to the states ``busy``
-        (Σ dt·min(cap, active)) and ``capacity`` (Σ dt·cap), summed across ranks; ``compute()`` is
-        ``busy / capacity`` (0 if 0).
-        """
-
-        is_differentiable = False
-        higher_is_better = True
-        full_state_update = False
-
-        def __init__(self, **kwargs: Any) -> None:
-            super().__init__(**kwargs)
-            self.add_state("busy", default=_zero(), dist_reduce_fx="sum")
-            self.add_state("capacity", default=_zero(), dist_reduce_fx="sum")
-
-        def update(self, history: Iterable[Sequence[float]]) -> None:
-            """Add one utilization window: ``(t, active, cap)`` points, the last one closing the window."""
-            busy, capacity = rollout_utilization_terms(history)
-            self.busy += busy
-            self.capacity += capacity
-
-        def compute(self) -> torch.Tensor:
-            return torch.tensor(_ratio(float(self.busy), float(self.capacity)), dtype=f64)
-
-    class ClusterResourceUtilization(Metric):
-        """``dynamic_resource/resource_utilization`` (seed §4.3) with every input pooled across ranks.
-
-        Reduction: all six states are sums (``dist_reduce_fx="sum"``): train compute/allocated seconds, rollout
-        busy/capacity weights, and hybrid wait/step seconds. ``compute()`` then takes ``U_train`` and ``U_rollout`` as
-        ratios of pooled sums, ``x = clip(Σwait / Σstep, 0, 1)`` on the pooled sums, and applies the seed formula with
-        the constructor's device counts (cluster constants, not reduced). A rank passes only what it measures: trainer
-        ranks their timings, the rank hosting the rollouter its history; missing inputs count as 0.
-
-        Args:
-            hybrid_devices: ``a``, devices shared by training and hybrid replicas.
-            standalone_devices: ``b``, devices of the standalone replicas.
-        """
-
-        is_differentiable = False
-        higher_is_better = True
-        full_state_update = False
-
-        def __init__(self, hybrid_devices: int, standalone_devices: int, **kwargs: Any) -> None:
-            super().__init__(**kwargs)
-            if hybrid_devices < 0 or standalone_devices < 0:
-                raise ValueError(
-                    f"device counts must be >= 0, got hybrid_devices={hybrid_devices}, "
-                    f"standalone_devices={standalone_devices}"
-                )
-            self.hybrid_devices = hybrid_devices
-            self.standalone_devices = standalone_devices
-            for state in ("compute_s", "allocated_s", "busy", "capacity", "wait_s", "step_s"):
-                self.add_state(state, default=_zero(), dist_reduce_fx="sum")
-
-        def update(
-            self,
-            compute_s: Any = 0.0,
-            allocated_s: Any = 0.0,
-            history: Iterable[Sequence[float]] | None = None,
-            wait_s: Any = 0.0,
-            step_s: Any = 0.0,
-        ) -> None:
-            """Add any subset of the cycle's inputs (floats, sequences or tensors; summed)."""
-            self.compute_s += _total(compute_s, "compute_s")
-            self.allocated_s += _total(allocated_s, "allocated_s")
-            if history is not None:
-                busy, capacity = rollout_utilization_terms(history)
-                self.busy += busy
-                self.capacity += capacity
-            self.wait_s += _total(wait_s, "wait_s")
-            self.step_s += _total(step_s, "step_s")
-
-        def compute(self) -> torch.Tensor:
-            value = cluster_resource_utilization(
-                _ratio(float(self.compute_s), float(self.allocated_s)),
-                _ratio(float(self.busy), float(self.capacity)),
-                float(self.wait_s),
-                float(self.step_s),
-                self.hybrid_devices,
-                self.standalone_devices,
-            )
-            return torch.tensor(value, dtype=f64)
-
-    class LastValueMetric(Metric):
-        """Last value observed (``dynamic_resource/mq_size``, seed §4.4): a snapshot, never an average.
-
-        Reduction across ranks: ``max``. The queue is one global object, so ranks that read it see the same size
-        (max = that value) and a rank that never updates holds the default 0, which cannot win over a real size
-        (sizes are >= 0): logging from rank 0 only still reports rank 0's value on every rank.
-
-        ``full_state_update = True``: ``forward()`` must not merge the batch value into the running state with the
-        ``max`` reduction (that would report the largest value of the cycle, not the last one).
-        """
-
-        is_differentiable = False
-        higher_is_better = None
-        full_state_update = True
-
-        def __init__(self, **kwargs: Any) -> None:
-            super().__init__(**kwargs)
-            self.add_state("value", default=_zero(), dist_reduce_fx="max")
-
-        def update(self, value: Any) -> None:
-            """Replace the stored value with ``value`` (>= 0)."""
-            v = float(value.item() if hasattr(value, "item") else value)
-            if not math.isfinite(v) or v < 0:
-                raise ValueError(f"LastValueMetric needs a finite value >= 0, got {value!r}")
-            self.value = torch.tensor(v, dtype=f64, device=self.value.device)
-
-        def compute(self) -> torch.Tensor:
-            return self.value.clone()
-
-    class CounterMetric(Metric):
-        """A counter (``fully_async/rollouter/step_generated_samples``, seed §4.5), summed across ranks.
-
-        ``update(n)`` adds ``n`` (default 1); ``reset()`` (Lightning calls it at the end of the logging period, or call
-        it at each ``reset_staleness``) starts from 0 again.
-        """
-
-        is_differentiable = False
-        higher_is_better = None
-        full_state_update = False
-
-        def __init__(self, **kwargs: Any) -> None:
-            super().__init__(**kwargs)
-            self.add_state("count", default=_zero(), dist_reduce_fx="sum")
-
-        def update(self, n: Any = 1) -> None:
-            """Add ``n`` (>= 0) to the count."""
-            self.count += _total(n, "n")
-
-        def compute(self) -> torch.Tensor:
-            return self.count.clone()
-
-    classes: dict[str, type] = {
-        "TrainResourceUtilization": TrainResourceUtilization,
-        "RolloutResourceUtilization": RolloutResourceUtilization,
-        "ClusterResourceUtilization": ClusterResourceUtilization,
-        "LastValueMetric": LastValueMetric,
-        "CounterMetric": CounterMetric,
-    }
-    for name, cls in classes.items():  # importable (and picklable) as lightning_hybrid_rollout.metrics.<name>
-        cls.__module__ = __name__
-        cls.__qualname__ = name
-    return classes
-
-
-def __getattr__(name: str) -> Any:
-    if name in _TORCH_METRIC_NAMES:
-        classes = _build_torch_metrics()
-        globals().update(classes)
-        return classes[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_TORCH_METRIC_NAMES))
