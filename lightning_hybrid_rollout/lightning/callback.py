@@ -317,7 +317,7 @@ class HybridRolloutCallback(Callback):
             if resumed:
                 self._apply_loaded_state()
                 self._runtime.push_standalone(self._cycle_weights, self.param_version)
-            self._runtime.rollouter.update_weight_version(self.param_version)
+            self._runtime.set_weight_version(self.param_version)
             self._runtime.start_generation()
             self._cycle = _CycleTimes(start_s=time.monotonic())
             if resumed:
@@ -368,12 +368,12 @@ class HybridRolloutCallback(Callback):
         wait = {"s": 0.0}
 
         def wait_for_samples(n: int) -> None:
-            queue = self._runtime.queue
-            t0, put0 = time.monotonic(), queue.total_put
+            rt = self._runtime
+            t0, put0 = time.monotonic(), rt.samples_put()
             self._wait_queue(n)
             wait["s"] = time.monotonic() - t0
             self._cycle.deactivate_wait_s += wait["s"]
-            self._cycle.deactivate_wait_samples += max(0, queue.total_put - put0)
+            self._cycle.deactivate_wait_samples += max(0, rt.samples_put() - put0)
             self.call_log.append("deactivate_wait_samples")
 
         self.call_log.append("should_deactivate")
@@ -396,11 +396,11 @@ class HybridRolloutCallback(Callback):
     def _wait_queue(self, n: int) -> None:
         rt = self._runtime
         deadline = time.monotonic() + self.wait_timeout_s
-        while not rt.queue.wait_until(n, timeout=1.0):
+        while not rt.wait_for_samples(n, timeout=1.0):
             rt.check_health()
             if time.monotonic() > deadline:
                 raise TimeoutError(
-                    f"waited {self.wait_timeout_s:.0f}s for {n} samples, the queue holds {rt.queue.size()}: the "
+                    f"waited {self.wait_timeout_s:.0f}s for {n} samples, the queue holds {rt.queue_size()}: the "
                     "rollout replicas produce too slowly or have stalled (raise wait_timeout_s or check replica logs "
                     f"under {self._run_dir})"
                 )
@@ -410,9 +410,9 @@ class HybridRolloutCallback(Callback):
         rt = self._runtime
         n = self.async_training.required_samples
         t0 = time.monotonic()
-        queue_before = rt.queue.size()
+        queue_before = rt.queue_size()
         self._wait_queue(n)
-        samples = rt.queue.get_batch(n, timeout=self.wait_timeout_s)
+        samples = rt.take_samples(n, timeout=self.wait_timeout_s)
         waited = time.monotonic() - t0
         self._step_fetch_s = waited
         hybrid_on = bool(self._controller is not None and self._controller.is_hybrid_active)
@@ -433,7 +433,7 @@ class HybridRolloutCallback(Callback):
         if trainer.is_global_zero:
             self._cycle.compute_s.append(max(0.0, step_s - self._step_fetch_s))
             self._runtime.trace_phase("training", self._step_start + self._step_fetch_s, time.monotonic())
-            self._log(pl_module, "rollout/mq_size_step", float(self._runtime.queue.size()), prog_bar=False)
+            self._log(pl_module, "rollout/mq_size_step", float(self._runtime.queue_size()), prog_bar=False)
         if not self._is_cycle_end(trainer):
             return
         # ---- weight sync to standalone (always), then the activation decision
@@ -450,8 +450,7 @@ class HybridRolloutCallback(Callback):
                 sync_s = self._runtime.push_standalone(self._cycle_weights, self.param_version)
                 self._runtime.trace_phase("weight_sync", t_sync, time.monotonic(), target="standalone")
             self.call_log.append("sync_standalone")
-            stats = self._runtime.rollouter.reset_staleness()
-            self._runtime.rollouter.update_weight_version(self.param_version)
+            stats = self._runtime.new_param_version(self.param_version)
             self.cycles_done += 1
             end = self._after_sync(trainer, global_steps=self.cycles_done, prepared=prepared)
             self._emit_cycle(trainer, self._cycle_inputs(stats, sync_s, end))
@@ -471,7 +470,7 @@ class HybridRolloutCallback(Callback):
         c = self._controller
         if c is None or c.is_hybrid_active or not c.has_hybrid or not self._runtime.hybrid or c.pending_cleanup:
             return False
-        ctx = self._context(self._runtime.rollouter.peek_role_window())
+        ctx = self._context(self._runtime.peek_role_window())
         self.call_log.append("overlap_should_activate")
         return bool(c.policy.should_activate_after_step(global_steps, c.is_hybrid_active, ctx))
 
@@ -521,13 +520,13 @@ class HybridRolloutCallback(Callback):
                 replicas; if the controller does not activate them now, they go back to sleep.
         """
         assert self._controller is not None
-        ctx = self._context(self._runtime.rollouter.take_role_window())
+        ctx = self._context(self._runtime.take_role_window())
         self.call_log.append("should_activate_after_step")
         self._offload_broadcast_done = prepared
         end = self._controller.after_sync(global_steps, ctx)
         if global_steps == 0:
             # the start decision's own activation is not part of any cycle (as in the simulator)
-            self._runtime.rollouter.take_role_window()
+            self._runtime.take_role_window()
         if not self._offload_broadcast_done:
             self._broadcast(trainer, "stay")
         if prepared:
@@ -642,13 +641,13 @@ class HybridRolloutCallback(Callback):
         return RateScheduleContext(
             required_samples=a.required_samples,
             trigger_parameter_sync_step=a.trigger_parameter_sync_step,
-            total_generated_samples=self.generated_offset + rt.rollouter.counters()["total_generated_samples"],
+            total_generated_samples=self.generated_offset + rt.generated_samples(),
             expected_samples=self.samples_consumed,
             buffer_samples=a.buffer_samples,
             step_wait_times=list(c.step_wait_times),
             step_wait_samples=list(c.step_wait_samples),
             only_hybrid=a.only_hybrid,
-            queue_size=rt.queue.size(),
+            queue_size=rt.queue_size(),
             step_queue_sizes=list(c.step_queue_sizes),
             cycle_train_compute_s=float(sum(c.compute_s)),
             cycle_trained_samples=c.trained_samples,
@@ -697,7 +696,7 @@ class HybridRolloutCallback(Callback):
             "allocated_s": now - c.start_s,
             "history": list(getattr(stats, "history", []) or []),
             "wait_s": c.wait_for_enough_samples_s if c.deactivated else 0.0,
-            "mq_size": float(self._runtime.queue.size()),
+            "mq_size": float(self._runtime.queue_size()),
             "generated": float(getattr(stats, "step_generated_samples", 0)),
             "extra": {
                 M.ACTIVATE_DURATION_S: end.cycle_activate_duration_s,
@@ -777,10 +776,8 @@ class HybridRolloutCallback(Callback):
         if self._controller is not None:
             state["controller"] = self._controller.state_dict()
         if self._runtime is not None:
-            state["generated_samples"] = self.generated_offset + self._runtime.rollouter.counters().get(
-                "total_generated_samples", 0
-            )
-            state["buffered_samples"] = self._runtime.queue.state_dict()
+            state["generated_samples"] = self.generated_offset + self._runtime.generated_samples()
+            state["buffered_samples"] = self._runtime.queue_state()
         return state
 
     @override
@@ -799,12 +796,12 @@ class HybridRolloutCallback(Callback):
             self._controller.load_state_dict(state["controller"])
         generated = int(state.get("generated_samples", self.samples_consumed))
         if "buffered_samples" in state:
-            self._runtime.queue.load_state_dict(state["buffered_samples"])
+            self._runtime.restore_queue(state["buffered_samples"])
         # Samples in flight at save time are regenerated (their prompts are re-drawn); buffered ones are restored.
         self.generated_offset = generated - 0
         rank_zero_info(
             f"[lhr] resumed at param version {self.param_version}, cycle {self.cycles_done}, "
-            f"{self._runtime.queue.size()} buffered samples restored, ratio {self.policy.deactivate_ratio:.3f}"
+            f"{self._runtime.queue_size()} buffered samples restored, ratio {self.policy.deactivate_ratio:.3f}"
         )
 
     def _restore_pool_state(self, trainer: Trainer) -> None:

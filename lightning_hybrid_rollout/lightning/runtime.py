@@ -273,7 +273,65 @@ class HybridReplicaPool:
         self._rt.rollouter.rebalance_requests()
 
 
-class RolloutRuntime:
+class RuntimeQueries:
+    """The narrow interface through which the callback reads and drives the rollout side's data plane.
+
+    Implemented over ``self.queue`` (the :class:`~lightning_hybrid_rollout.rollout.message_queue.MessageQueue`) and
+    ``self.rollouter`` (the :class:`~lightning_hybrid_rollout.rollout.rollouter.Rollouter`); the callback never
+    reaches into either directly, so a test double only needs these two attributes and this base class.
+    """
+
+    queue: Any
+    rollouter: Any
+
+    def queue_size(self) -> int:
+        """Samples buffered now."""
+        return int(self.queue.size())
+
+    def samples_put(self) -> int:
+        """Samples ever put into the queue (a counter: the difference over an interval is what arrived)."""
+        return int(self.queue.total_put)
+
+    def wait_for_samples(self, n: int, timeout: float) -> bool:
+        """Block until the queue holds ``n`` samples (True) or ``timeout`` seconds passed (False)."""
+        return bool(self.queue.wait_until(n, timeout=timeout))
+
+    def take_samples(self, n: int, timeout: float) -> list[Any]:
+        """Remove and return ``n`` samples (oldest first)."""
+        return list(self.queue.get_batch(n, timeout=timeout))
+
+    def queue_state(self) -> dict[str, Any]:
+        """The buffered samples, for a checkpoint."""
+        return dict(self.queue.state_dict())
+
+    def restore_queue(self, state: dict[str, Any]) -> None:
+        """Put a checkpoint's buffered samples back."""
+        self.queue.load_state_dict(state)
+
+    def generated_samples(self) -> int:
+        """Samples the rollouter completed since it started."""
+        return int(self.rollouter.counters().get("total_generated_samples", 0))
+
+    def set_weight_version(self, version: int) -> None:
+        """Samples generated from now on are stamped with ``version``."""
+        self.rollouter.update_weight_version(version)
+
+    def new_param_version(self, version: int) -> Any:
+        """A weight sync finished: reset the staleness budget (its stats are returned) and stamp ``version``."""
+        stats = self.rollouter.reset_staleness()
+        self.rollouter.update_weight_version(version)
+        return stats
+
+    def peek_role_window(self) -> Any:
+        """The cycle's per-role production so far, without starting a new window."""
+        return self.rollouter.peek_role_window()
+
+    def take_role_window(self) -> Any:
+        """The cycle's per-role production, starting a new window."""
+        return self.rollouter.take_role_window()
+
+
+class RolloutRuntime(RuntimeQueries):
     """Ray + standalone/hybrid vLLM replicas + message queue + rollouter for one training run.
 
     Args:

@@ -17,6 +17,7 @@ import torch
 
 from lightning_hybrid_rollout.config import AsyncTrainingConfig, RolloutConfig
 from lightning_hybrid_rollout.lightning.callback import HybridRolloutCallback
+from lightning_hybrid_rollout.lightning.runtime import RuntimeQueries
 from lightning_hybrid_rollout.rollout.engine import SamplingSpec
 from lightning_hybrid_rollout.rollout.message_queue import MessageQueue
 from lightning_hybrid_rollout.rollout.rollouter import Rollouter
@@ -67,7 +68,7 @@ class _Pool:
         self.rt.rollouter.rebalance_requests()
 
 
-class _FakeRuntime:
+class _FakeRuntime(RuntimeQueries):
     """What the callback touches of ``RolloutRuntime``; the standalone sync takes ``sync_s`` and is announced."""
 
     def __init__(
