@@ -190,7 +190,7 @@ def test_a_local_run_listens_on_loopback_only_needs_its_token_and_writes_no_secr
         right = _gcs_client(f"127.0.0.1:{port}", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token_path)
         assert right == "CONNECTED", right  # the check above can fail: the token does open the door
         assert proc.wait(timeout=600) == 0, out.read_text()[-3000:]
-        policy = "RateMatchedPolicy(deactivate_ratio=0.3, only_hybrid=False, gate_margin_fraction=0.37)"
+        policy = "RateMatchedDynamicSchedulePolicy(deactivate_ratio=0.3, only_hybrid=False, gate_margin_fraction=0.37)"
         assert policy in out.read_text()
         assert not (left := _wait_gone(tree, within=10)), f"left after a normal end: {left}"
     finally:
