@@ -214,10 +214,9 @@ class HybridRolloutCallback(Callback):
 
     def _describe_policy(self) -> str:
         """``Name(deactivate_ratio=..., only_hybrid=..., <each configured knob>=<the policy's value>)``."""
-        knobs = ", ".join(
-            f"{k}={getattr(self.policy, k, '?')!r}" for k in self.async_training.dynamic_schedule_policy_kwargs
-        )
-        return repr(self.policy)[:-1] + (f", {knobs})" if knobs else ")")
+        names = ("deactivate_ratio", "only_hybrid", *self.async_training.dynamic_schedule_policy_kwargs)
+        values = ", ".join(f"{k}={getattr(self.policy, k, '?')!r}" for k in names)
+        return f"{type(self.policy).__name__}({values})"
 
     def _take_model_path(self, trainer: Trainer, pl_module: LightningModule, check_disk: bool) -> None:
         """One model directory for the module and the engines, checked before anything starts (:mod:`.model_path`).
@@ -238,9 +237,8 @@ class HybridRolloutCallback(Callback):
             build_model=self.build_model,
             run_dir=self.run_dir or trainer.default_root_dir,
             module_key=f"{type(pl_module).__name__}(model_path=...)",
+            check_disk=check_disk,
         )
-        if not check_disk:
-            problems = [p for p in problems if "different models" in p]
         if problems:
             raise ConfigError(problems)
 

@@ -36,6 +36,7 @@ def model_path_problems(
     run_dir: str | os.PathLike[str] | None,
     rollout_key: str = ROLLOUT_KEY,
     module_key: str = MODULE_KEY,
+    check_disk: bool = True,
 ) -> list[str]:
     """Problems with a run's model directory (empty when it is fine); nothing is touched on disk.
 
@@ -47,6 +48,7 @@ def model_path_problems(
             directory, Lightning's default).
         rollout_key: Key path of ``rollout_path`` in messages.
         module_key: Key path of ``module_path`` in messages.
+        check_disk: Also check the directory itself (False: only that both names agree).
     """
     if not rollout_path:
         return []  # reported by the config's own validation
@@ -57,7 +59,7 @@ def model_path_problems(
             f"{rollout_key}) or make them equal."
         ]
     path = _resolved(rollout_path)
-    if (path / "config.json").is_file():
+    if not check_disk or (path / "config.json").is_file():
         return []
     if not build_model:
         what = "does not exist" if not path.exists() else "has no config.json"

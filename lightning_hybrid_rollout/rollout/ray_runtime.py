@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -297,12 +296,6 @@ class RayRuntime:
         self.session_dir = None
         self._pids.clear()
         self._tree.clear()
-        if self.started_local and not self._own_temp:
-            for _ in range(3):  # a dying Ray process may still write a last log line
-                shutil.rmtree(self.temp_dir, ignore_errors=True)
-                if not os.path.exists(self.temp_dir):
-                    break
-                time.sleep(0.5)
         if self.started_local:
             self._release_local()  # the run's directories (Ray's session files among them), the watchdog, the env
         self.started_local = False

@@ -444,14 +444,15 @@ def watch(root: Path) -> int:
     # recorded as the run's, or carries its marks, is killed.
     killed = clean_run(root, exclude=(pid,), recorded=recorded)
     if killed and not stop[0]:
-        print(f"lhr watchdog: trainer {pid} exited; killed {len(killed)} processes of run {root.name}", file=sys.stderr)
+        logger.warning("trainer %d exited; killed %d processes of run %s", pid, len(killed), root.name)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="lhr watchdog: %(message)s")  # stderr: the run's watchdog.log
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 2 or args[0] != "watch":
-        print("usage: python -m lightning_hybrid_rollout.rollout.run_guard watch RUN_DIR", file=sys.stderr)
+        logger.error("usage: python -m lightning_hybrid_rollout.rollout.run_guard watch RUN_DIR")
         return 2
     return watch(Path(args[1]))
 
