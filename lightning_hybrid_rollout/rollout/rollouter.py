@@ -60,12 +60,13 @@ from lightning_hybrid_rollout.rollout.load_balancer import (
     is_replica_dead_error,
 )
 from lightning_hybrid_rollout.rollout.message_queue import MessageQueue
+from lightning_hybrid_rollout.rollout.role_window import RoleProduction, replica_role
+from lightning_hybrid_rollout.rollout.role_window import RoleWindow as RoleWindow  # re-exported
 from lightning_hybrid_rollout.rollout.sample import Sample
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-_ROLES = ("standalone", "hybrid")
 HistoryPoint = tuple[float, int, int]
 PromptItem = str | Mapping[str, Any]
 
@@ -88,26 +89,6 @@ class RolloutStepStats:
     admitted_samples: int
     staleness_samples: int
     param_version: int
-
-
-@dataclass
-class RoleWindow:
-    """Decode work per replica role between two :meth:`Rollouter.take_role_window` calls.
-
-    Args:
-        serving_s: ``role -> seconds`` during which at least one replica of the role was serving: routable in the
-            load balancer, not under a weight sync (:meth:`Rollouter.set_syncing`), the rollouter running and not
-            paused. Always has the ``"standalone"`` and ``"hybrid"`` keys.
-        decoded_tokens: ``role -> tokens`` the role's replicas returned in the window, aborted partial segments
-            included (they were decoded, even when ``partial_rollout=False`` throws them away).
-        start_s: Clock reading at the window's start.
-        end_s: Clock reading at the window's end.
-    """
-
-    serving_s: dict[str, float]
-    decoded_tokens: dict[str, int]
-    start_s: float
-    end_s: float
 
 
 @dataclass
@@ -268,15 +249,7 @@ class Rollouter:
         self._space: asyncio.Event | None = None
         self._drained = threading.Event()
         self._started = False
-        # production per replica role (cumulative; windows are differences), touched on the loop only
-        self._decoded_tokens: dict[str, int] = dict.fromkeys(_ROLES, 0)
-        self._serving_s: dict[str, float] = dict.fromkeys(_ROLES, 0.0)
-        self._serving_roles: frozenset[str] = frozenset()
-        self._serving_t: float | None = None
-        self._syncing: set[str] = set()
-        self._window_tokens0: dict[str, int] = dict(self._decoded_tokens)
-        self._window_serving0: dict[str, float] = dict(self._serving_s)
-        self._window_start: float | None = None
+        self._role_production = RoleProduction()  # tokens and serving seconds per replica role, on the loop only
 
         self.load_balancer.add_listener(self._on_pool_change)
         self.message_queue.add_listener(self._on_queue_space)
@@ -709,8 +682,7 @@ class Rollouter:
             finally:
                 lb.release(replica.replica_id, request_id)
             tokens = list(result.token_ids)
-            role = self._role(replica)
-            self._decoded_tokens[role] = self._decoded_tokens.get(role, 0) + len(tokens)
+            self._role_production.add_tokens(replica_role(replica), len(tokens))
             logprobs = list(result.logprobs)
             overshoot = len(tokens) > remaining
             if overshoot:
@@ -879,28 +851,12 @@ class Rollouter:
         return stats
 
     async def _set_syncing_async(self, replica_ids: list[str], syncing: bool) -> None:
-        if syncing:
-            self._syncing.update(replica_ids)
-        else:
-            self._syncing.difference_update(replica_ids)
+        self._role_production.set_syncing(replica_ids, syncing)
         self._tick_serving()
 
     async def _take_role_window_async(self, restart: bool = True) -> RoleWindow:
-        self._tick_serving()
-        now = self._serving_t if self._serving_t is not None else self._clock()
-        start = self._window_start if self._window_start is not None else now
-        window = RoleWindow(
-            serving_s={k: v - self._window_serving0.get(k, 0.0) for k, v in self._serving_s.items()},
-            decoded_tokens={k: v - self._window_tokens0.get(k, 0) for k, v in self._decoded_tokens.items()},
-            start_s=start,
-            end_s=now,
-        )
-        if not restart:
-            return window
-        self._window_serving0 = dict(self._serving_s)
-        self._window_tokens0 = dict(self._decoded_tokens)
-        self._window_start = now
-        return window
+        now = self._tick_serving()
+        return self._role_production.window(now, restart=restart)
 
     async def _set_version_async(self, version: int) -> None:
         self.param_version = int(version)
@@ -988,32 +944,20 @@ class Rollouter:
         self._last_cap = cap
         self._history.append((self._clock(), self._in_flight - self._parked, cap))
 
-    @staticmethod
-    def _role(replica: ReplicaLike) -> str:
-        return str(getattr(replica, "role", None) or "standalone")
-
     def _roles_serving_now(self) -> frozenset[str]:
         if not self._started or self._stopping or self._paused or self._loop is None:
             return frozenset()
-        lb = self.load_balancer
-        return frozenset(
-            self._role(lb.get_replica(rid)) for rid in lb.routable_replica_ids() if rid not in self._syncing
-        )
+        return self._role_production.serving_roles(self.load_balancer)
 
-    def _tick_serving(self) -> None:
+    def _tick_serving(self) -> float:
         """Credit the time since the last tick to the roles that were serving, then re-read who serves now.
 
         Called right after every change of what serves (pool change, pause/resume, sync marks, start, stop).
+        Returns the tick's clock reading.
         """
         now = self._clock()
-        if self._serving_t is not None:
-            dt = max(0.0, now - self._serving_t)
-            for role in self._serving_roles:
-                self._serving_s[role] = self._serving_s.get(role, 0.0) + dt
-        if self._window_start is None:
-            self._window_start = now
-        self._serving_t = now
-        self._serving_roles = self._roles_serving_now()
+        self._role_production.tick(now, self._roles_serving_now())
+        return now
 
     def _on_pool_change(self) -> None:
         self._tick_serving()
