@@ -63,32 +63,14 @@ from lightning_hybrid_rollout.rollout.message_queue import MessageQueue
 from lightning_hybrid_rollout.rollout.role_window import RoleProduction, replica_role
 from lightning_hybrid_rollout.rollout.role_window import RoleWindow as RoleWindow  # re-exported
 from lightning_hybrid_rollout.rollout.sample import Sample
+from lightning_hybrid_rollout.rollout.utilization import HistoryPoint as HistoryPoint  # re-exported
+from lightning_hybrid_rollout.rollout.utilization import RolloutStepStats as RolloutStepStats  # re-exported
+from lightning_hybrid_rollout.rollout.utilization import UtilizationHistory
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-HistoryPoint = tuple[float, int, int]
 PromptItem = str | Mapping[str, Any]
-
-
-@dataclass
-class RolloutStepStats:
-    """One parameter version's rollout window, returned by :meth:`Rollouter.reset_staleness`.
-
-    Args:
-        history: ``(t, active, cap)`` points from the window's start to its end (both included); the input of
-            ``metrics.rollout_resource_utilization``.
-        step_generated_samples: Samples fully generated in the window (seed §4.5).
-        admitted_samples: Samples admitted (staleness budget spent) in the window.
-        staleness_samples: The staleness counter after the reset (outstanding + queue size).
-        param_version: Weight version current when the window closed.
-    """
-
-    history: list[HistoryPoint]
-    step_generated_samples: int
-    admitted_samples: int
-    staleness_samples: int
-    param_version: int
 
 
 @dataclass
@@ -235,8 +217,7 @@ class Rollouter:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._in_flight = 0
         self._parked = 0
-        self._history: list[HistoryPoint] = []
-        self._last_cap = self._cap()
+        self._history = UtilizationHistory(self._cap())
         self._exhausted = False
         self._stopping = False
         self._paused = False
@@ -843,8 +824,7 @@ class Rollouter:
         )
         if self._loop is not None and self._started:
             self._record()
-            stats.history = self._history
-            self._history = [self._history[-1]]
+            stats.history = self._history.close_window()
         self.step_generated_samples = 0
         self._window_admitted = 0
         self._kick()
@@ -941,8 +921,7 @@ class Rollouter:
         if not self._started:
             return
         cap = self._cap()
-        self._last_cap = cap
-        self._history.append((self._clock(), self._in_flight - self._parked, cap))
+        self._history.append(self._clock(), self._in_flight - self._parked, cap)
 
     def _roles_serving_now(self) -> frozenset[str]:
         if not self._started or self._stopping or self._paused or self._loop is None:
@@ -961,9 +940,9 @@ class Rollouter:
 
     def _on_pool_change(self) -> None:
         self._tick_serving()
-        if self._cap() != self._last_cap:
+        if self._cap() != self._history.last_cap:
             self._record()
-            self._last_cap = self._cap()
+            self._history.last_cap = self._cap()
         self._kick()
 
     def _on_queue_space(self) -> None:

@@ -1,0 +1,56 @@
+"""The rollout utilization history (seed §4.2, §4.5): ``(t, active, cap)`` points, one window per parameter version.
+
+The rollouter appends a point on every submit, completion, park/unpark during a pause and capacity change;
+``active`` counts samples generating or waiting for a replica (parked ones are not), ``cap`` is the in-flight cap.
+:meth:`~lightning_hybrid_rollout.rollout.rollouter.Rollouter.reset_staleness` closes the window and returns it in a
+:class:`RolloutStepStats`, the input of ``metrics.rollout_resource_utilization``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HistoryPoint = tuple[float, int, int]
+
+
+@dataclass
+class RolloutStepStats:
+    """One parameter version's rollout window, returned by :meth:`Rollouter.reset_staleness`.
+
+    Args:
+        history: ``(t, active, cap)`` points from the window's start to its end (both included); the input of
+            ``metrics.rollout_resource_utilization``.
+        step_generated_samples: Samples fully generated in the window (seed §4.5).
+        admitted_samples: Samples admitted (staleness budget spent) in the window.
+        staleness_samples: The staleness counter after the reset (outstanding + queue size).
+        param_version: Weight version current when the window closed.
+    """
+
+    history: list[HistoryPoint]
+    step_generated_samples: int
+    admitted_samples: int
+    staleness_samples: int
+    param_version: int
+
+
+class UtilizationHistory:
+    """The current window's ``(t, active, cap)`` points and the last cap recorded.
+
+    Args:
+        cap: The in-flight cap before the first point (so a cap change can be told from the first point on).
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.points: list[HistoryPoint] = []
+        self.last_cap = cap
+
+    def append(self, t: float, active: int, cap: int) -> None:
+        """Record one point."""
+        self.last_cap = cap
+        self.points.append((t, active, cap))
+
+    def close_window(self) -> list[HistoryPoint]:
+        """The window's points; the next window starts at the last of them."""
+        points = self.points
+        self.points = [points[-1]]
+        return points
