@@ -43,13 +43,11 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
-import itertools
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from lightning_hybrid_rollout.errors import RolloutError as RolloutError  # re-exported
@@ -60,9 +58,13 @@ from lightning_hybrid_rollout.rollout.load_balancer import (
     is_replica_dead_error,
 )
 from lightning_hybrid_rollout.rollout.message_queue import MessageQueue
+from lightning_hybrid_rollout.rollout.prompts import PromptItem as PromptItem  # re-exported
+from lightning_hybrid_rollout.rollout.prompts import expand_prompts as expand_prompts  # re-exported
+from lightning_hybrid_rollout.rollout.prompts import parse_prompt_item
 from lightning_hybrid_rollout.rollout.role_window import RoleProduction, replica_role
 from lightning_hybrid_rollout.rollout.role_window import RoleWindow as RoleWindow  # re-exported
 from lightning_hybrid_rollout.rollout.sample import Sample
+from lightning_hybrid_rollout.rollout.sample_state import PromptGroup, SampleState
 from lightning_hybrid_rollout.rollout.utilization import HistoryPoint as HistoryPoint  # re-exported
 from lightning_hybrid_rollout.rollout.utilization import RolloutStepStats as RolloutStepStats  # re-exported
 from lightning_hybrid_rollout.rollout.utilization import UtilizationHistory
@@ -70,40 +72,6 @@ from lightning_hybrid_rollout.rollout.utilization import UtilizationHistory
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-PromptItem = str | Mapping[str, Any]
-
-
-@dataclass
-class _SampleState:
-    uid: str
-    group_id: str
-    index: int
-    seed: int | None
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    replica_ids: list[str] = field(default_factory=list)
-    attempts: int = 0
-    failures: int = 0
-    rejections: int = 0
-    aborted_segments: int = 0
-    admitted_version: int = 0
-    started_at: float | None = None
-    result: Sample | None = None
-
-
-@dataclass
-class _Group:
-    group_id: str
-    prompt: str
-    prompt_token_ids: list[int]
-    metadata: dict[str, Any]
-    samples: list[_SampleState]
-    delivering: bool = False
-
-    @property
-    def done(self) -> bool:
-        return all(s.result is not None for s in self.samples)
 
 
 class Rollouter:
@@ -212,8 +180,8 @@ class Rollouter:
         self._group_counter = 0
 
         # runtime state
-        self._groups: dict[str, _Group] = {}
-        self._to_dispatch: deque[_SampleState] = deque()
+        self._groups: dict[str, PromptGroup] = {}
+        self._to_dispatch: deque[SampleState] = deque()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._in_flight = 0
         self._parked = 0
@@ -478,18 +446,9 @@ class Rollouter:
         self._groups.clear()
         self._to_dispatch.clear()
         for g in state["pending_groups"]:
-            samples = []
-            for s in g["samples"]:
-                fields = {k: v for k, v in s.items() if k != "result"}
-                result = s.get("result")
-                st = _SampleState(**{**fields, "started_at": None})
-                st.result = Sample(**result) if result is not None else None
-                samples.append(st)
-                if st.result is None:
-                    self._to_dispatch.append(st)
-            self._groups[g["group_id"]] = _Group(
-                g["group_id"], g["prompt"], list(g["prompt_token_ids"]), dict(g["metadata"]), samples
-            )
+            group = PromptGroup.from_state(g)
+            self._to_dispatch.extend(st for st in group.samples if st.result is None)
+            self._groups[group.group_id] = group
         if "message_queue" in state:
             self.message_queue.load_state_dict(state["message_queue"])
         self.staleness_samples = self.outstanding_samples + self.message_queue.size()
@@ -559,44 +518,33 @@ class Rollouter:
         return True
 
     def _admit(self, item: PromptItem) -> None:
-        if isinstance(item, str):
-            prompt, metadata, token_ids = item, {}, None
-        elif isinstance(item, Mapping) and "prompt" in item:
-            metadata = {k: v for k, v in item.items() if k not in ("prompt", "prompt_token_ids")}
-            prompt, token_ids = str(item["prompt"]), item.get("prompt_token_ids")
-        else:
-            raise TypeError(
-                f"prompt items must be str or a mapping with a 'prompt' key, got {type(item).__name__}: {item!r:.80}"
-            )
+        prompt, metadata, token_ids = parse_prompt_item(item)
         ids = list(token_ids) if token_ids is not None else list(self._tokenize(prompt))
-        gid = f"g{self._group_counter}"
-        base_seed = self.sampling.seed
-        samples = [
-            _SampleState(
-                uid=f"{gid}-{k}",
-                group_id=gid,
-                index=k,
-                seed=None if base_seed is None else base_seed + self._group_counter * self.n_samples_per_prompt + k,
-                admitted_version=self.param_version,
-            )
-            for k in range(self.n_samples_per_prompt)
-        ]
-        self._groups[gid] = _Group(gid, prompt, ids, metadata, samples)
-        self._to_dispatch.extend(samples)
+        group = PromptGroup.admit(
+            self._group_counter,
+            prompt,
+            ids,
+            metadata,
+            n_samples=self.n_samples_per_prompt,
+            base_seed=self.sampling.seed,
+            param_version=self.param_version,
+        )
+        self._groups[group.group_id] = group
+        self._to_dispatch.extend(group.samples)
         self._group_counter += 1
         self.total_prompts += 1
-        n = len(samples)
+        n = len(group.samples)
         self.total_admitted_samples += n
         self.staleness_samples += n
         self._window_admitted += n
 
-    def _dispatch(self, st: _SampleState) -> None:
+    def _dispatch(self, st: SampleState) -> None:
         assert self._loop is not None
         self._in_flight += 1
         self._record()
         self._tasks[st.uid] = self._loop.create_task(self._run_sample(st), name=st.uid)
 
-    async def _run_sample(self, st: _SampleState) -> None:
+    async def _run_sample(self, st: SampleState) -> None:
         try:
             try:
                 finished = await self._generate(st)
@@ -615,7 +563,7 @@ class Rollouter:
             self._tasks.pop(st.uid, None)
             self._check_drained()
 
-    async def _generate(self, st: _SampleState) -> bool:
+    async def _generate(self, st: SampleState) -> bool:
         """Run segments until the sample finishes; False if the rollouter stops first (state kept)."""
         assert self._gate is not None
         group = self._groups[st.group_id]
@@ -697,9 +645,9 @@ class Rollouter:
                 self.aborted_segments += 1
                 st.aborted_segments += 1
                 if self.partial_rollout:
-                    self._keep_segment(st, tokens, logprobs, result.weight_version, replica.replica_id)
+                    st.keep_segment(tokens, logprobs, result.weight_version, replica.replica_id)
                 else:
-                    st.tokens, st.logprobs, st.versions, st.replica_ids = [], [], [], []
+                    st.drop_segments()
                 if len(st.tokens) >= response_length:
                     reason = "length"
                 elif st.tokens and st.tokens[-1] in stop_ids:
@@ -708,44 +656,13 @@ class Rollouter:
                     self.retried_segments += 1
                     continue
             else:
-                self._keep_segment(st, tokens, logprobs, result.weight_version, replica.replica_id, final=True)
+                st.keep_segment(tokens, logprobs, result.weight_version, replica.replica_id, final=True)
                 reason = "length" if overshoot else result.finish_reason
             self._finish(st, group, reason)
             return True
 
-    @staticmethod
-    def _keep_segment(
-        st: _SampleState, tokens: list[int], logprobs: list[float], version: int, replica_id: str, final: bool = False
-    ) -> None:
-        if not tokens and not final:
-            return
-        st.tokens.extend(tokens)
-        st.logprobs.extend(logprobs)
-        st.versions.append(version)
-        st.replica_ids.append(replica_id)
-
-    def _finish(self, st: _SampleState, group: _Group, reason: str) -> None:
-        now = self._clock()
-        metadata = dict(group.metadata)
-        metadata["rollout"] = {
-            "generation_s": now - (st.started_at if st.started_at is not None else now),
-            "admitted_param_version": st.admitted_version,
-            "aborted_segments": st.aborted_segments,
-        }
-        sample = Sample(
-            uid=st.uid,
-            group_id=st.group_id,
-            prompt=group.prompt,
-            prompt_token_ids=list(group.prompt_token_ids),
-            response_token_ids=list(st.tokens),
-            response_logprobs=list(st.logprobs),
-            min_weight_version=min(st.versions),
-            max_weight_version=max(st.versions),
-            finish_reason=reason,
-            num_segments=len(st.versions),
-            replica_ids=list(st.replica_ids),
-            metadata=metadata,
-        )
+    def _finish(self, st: SampleState, group: PromptGroup, reason: str) -> None:
+        sample = st.to_sample(group, reason, self._clock())
         sample.reward = float(self._reward_fn(sample))
         st.result = sample
         self.total_generated_samples += 1
@@ -761,7 +678,7 @@ class Rollouter:
             self._parked -= 1
             self._record()
 
-    async def _deliver_group(self, group: _Group) -> None:
+    async def _deliver_group(self, group: PromptGroup) -> None:
         """Put a finished group into the queue atomically; it stays in ``_groups`` (and state_dict) until then."""
         assert self._space is not None
         if group.delivering or group.group_id not in self._groups:
@@ -885,27 +802,12 @@ class Rollouter:
             await asyncio.gather(self._main_task, return_exceptions=True)
 
     async def _state_dict_async(self) -> dict[str, Any]:
-        def sample_state(st: _SampleState) -> dict[str, Any]:
-            d = {f.name: getattr(st, f.name) for f in dataclasses.fields(st) if f.name != "result"}
-            d = {k: (list(v) if isinstance(v, list) else v) for k, v in d.items()}
-            d["result"] = dataclasses.asdict(st.result) if st.result is not None else None
-            return d
-
         counters = self.counters()
         return {
             "counters": counters,
             "param_version": self.param_version,
             "group_counter": self._group_counter,
-            "pending_groups": [
-                {
-                    "group_id": g.group_id,
-                    "prompt": g.prompt,
-                    "prompt_token_ids": list(g.prompt_token_ids),
-                    "metadata": dict(g.metadata),
-                    "samples": [sample_state(s) for s in g.samples],
-                }
-                for g in self._groups.values()
-            ],
+            "pending_groups": [g.to_state() for g in self._groups.values()],
             "message_queue": self.message_queue.state_dict(),
         }
 
@@ -997,16 +899,3 @@ class Rollouter:
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise TimeoutError(f"{self.name}: control call did not finish within {timeout}s") from None
-
-
-def expand_prompts(prompts: Iterable[PromptItem], repeat: int | None = None) -> Iterator[PromptItem]:
-    """Cycle over ``prompts`` ``repeat`` times (``None``: forever); a helper for epoch-less prompt streams.
-
-    Args:
-        prompts: A re-iterable collection of prompts.
-        repeat: Number of passes, or ``None`` for an endless stream.
-    """
-    items = list(prompts)
-    passes = itertools.count() if repeat is None else range(repeat)
-    for _ in passes:
-        yield from items
