@@ -52,12 +52,19 @@ from typing import Any, TypeVar
 
 from lightning_hybrid_rollout.errors import RolloutError as RolloutError  # re-exported
 from lightning_hybrid_rollout.rollout.engine import SamplingSpec
+from lightning_hybrid_rollout.rollout.flow_control import admits_group, in_flight_cap, staleness_after_reset
 from lightning_hybrid_rollout.rollout.load_balancer import (
     LoadBalancer,
     ReplicaLike,
     is_replica_dead_error,
 )
 from lightning_hybrid_rollout.rollout.message_queue import MessageQueue
+from lightning_hybrid_rollout.rollout.partial_rollout import (
+    failure_backoff_s,
+    is_refusal,
+    refusal_backoff_s,
+    settle_segment,
+)
 from lightning_hybrid_rollout.rollout.prompts import PromptItem as PromptItem  # re-exported
 from lightning_hybrid_rollout.rollout.prompts import expand_prompts as expand_prompts  # re-exported
 from lightning_hybrid_rollout.rollout.prompts import parse_prompt_item
@@ -451,7 +458,7 @@ class Rollouter:
             self._groups[group.group_id] = group
         if "message_queue" in state:
             self.message_queue.load_state_dict(state["message_queue"])
-        self.staleness_samples = self.outstanding_samples + self.message_queue.size()
+        self.staleness_samples = staleness_after_reset(self.outstanding_samples, self.message_queue.size())
 
     # ================================================================== loop-side implementation
 
@@ -500,12 +507,14 @@ class Rollouter:
                 return False
             self._dispatch(self._to_dispatch.popleft())
             return True
-        n = self.n_samples_per_prompt
-        if (
-            self._exhausted
-            or self._in_flight >= cap
-            or self.message_queue.size() >= self.message_queue.maxsize
-            or self.staleness_samples + n > self.max_required_samples
+        if self._exhausted or not admits_group(
+            self.n_samples_per_prompt,
+            in_flight=self._in_flight,
+            cap=cap,
+            queue_size=self.message_queue.size(),
+            queue_maxsize=self.message_queue.maxsize,
+            staleness_samples=self.staleness_samples,
+            max_required_samples=self.max_required_samples,
         ):
             return False
         try:
@@ -606,7 +615,7 @@ class Rollouter:
                         "check the replicas' health or raise max_segment_failures"
                     ) from exc
                 log.warning("%s: segment %s failed on %s: %r; retrying", self.name, request_id, replica.replica_id, exc)
-                await asyncio.sleep(min(1.0, 0.02 * st.failures))
+                await asyncio.sleep(failure_backoff_s(st.failures))
                 continue
             finally:
                 lb.release(replica.replica_id, request_id)
@@ -624,9 +633,7 @@ class Rollouter:
                     request_id,
                 )
                 tokens, logprobs = tokens[:remaining], logprobs[:remaining]
-            if result.finish_reason == "abort" and not tokens and result.info.get("rejected"):
-                # The engine refused the request (parked/stopped) without generating: a routing-order bug upstream
-                # (sleep before remove, or add before wake). Back off so this cannot become a hot retry loop.
+            if is_refusal(result, tokens):
                 st.rejections += 1
                 self.rejected_segments += 1
                 if st.rejections == 1:
@@ -639,25 +646,24 @@ class Rollouter:
                         result.info.get("rejected"),
                     )
                 lb.clear_sticky_key(st.uid)
-                await asyncio.sleep(min(0.5, 0.005 * 2 ** min(st.rejections, 7)))
+                await asyncio.sleep(refusal_backoff_s(st.rejections))
                 continue
             if result.finish_reason == "abort":
                 self.aborted_segments += 1
-                st.aborted_segments += 1
-                if self.partial_rollout:
-                    st.keep_segment(tokens, logprobs, result.weight_version, replica.replica_id)
-                else:
-                    st.drop_segments()
-                if len(st.tokens) >= response_length:
-                    reason = "length"
-                elif st.tokens and st.tokens[-1] in stop_ids:
-                    reason = "stop"
-                else:
-                    self.retried_segments += 1
-                    continue
-            else:
-                st.keep_segment(tokens, logprobs, result.weight_version, replica.replica_id, final=True)
-                reason = "length" if overshoot else result.finish_reason
+            reason = settle_segment(
+                st,
+                tokens,
+                logprobs,
+                result,
+                replica_id=replica.replica_id,
+                overshoot=overshoot,
+                partial_rollout=self.partial_rollout,
+                response_length=response_length,
+                stop_ids=stop_ids,
+            )
+            if reason is None:
+                self.retried_segments += 1
+                continue
             self._finish(st, group, reason)
             return True
 
@@ -731,7 +737,7 @@ class Rollouter:
         self._kick()
 
     async def _reset_staleness_async(self) -> RolloutStepStats:
-        self.staleness_samples = self.outstanding_samples + self.message_queue.size()
+        self.staleness_samples = staleness_after_reset(self.outstanding_samples, self.message_queue.size())
         stats = RolloutStepStats(
             history=[],
             step_generated_samples=self.step_generated_samples,
@@ -814,9 +820,8 @@ class Rollouter:
     # ---------------------------------------------------------------- helpers
 
     def _cap(self) -> int:
-        return min(
-            self.load_balancer.active_server_count() * self.concurrent_samples_per_replica, self.max_required_samples
-        )
+        active = self.load_balancer.active_server_count()
+        return in_flight_cap(active, self.concurrent_samples_per_replica, self.max_required_samples)
 
     def _record(self) -> None:
         """Append ``(t, active, cap)``; active = samples generating or waiting for a replica (not parked)."""

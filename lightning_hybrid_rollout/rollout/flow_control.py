@@ -1,0 +1,35 @@
+"""Flow control (DESIGN §3, seed §4.2): the in-flight cap and the admission of prompt groups under the staleness budget.
+
+- in flight: at most ``cap = min(active_servers * concurrent_samples_per_replica, max_required_samples)`` samples;
+- staleness: every admitted sample adds 1 to ``staleness_samples``; a prompt group of ``n`` samples is admitted
+  (whole) only while ``in_flight < cap``, the queue is not full and ``staleness_samples + n <= max_required_samples``;
+  :meth:`~lightning_hybrid_rollout.rollout.rollouter.Rollouter.reset_staleness` (once per parameter version) sets
+  ``staleness_samples = outstanding + queue size``, so no more than ``max_required_samples`` samples are admitted per
+  parameter version.
+"""
+
+from __future__ import annotations
+
+
+def in_flight_cap(active_servers: int, concurrent_samples_per_replica: int, max_required_samples: int) -> int:
+    """``min(active_servers * concurrent_samples_per_replica, max_required_samples)``."""
+    return min(active_servers * concurrent_samples_per_replica, max_required_samples)
+
+
+def admits_group(
+    group_size: int,
+    *,
+    in_flight: int,
+    cap: int,
+    queue_size: int,
+    queue_maxsize: int,
+    staleness_samples: int,
+    max_required_samples: int,
+) -> bool:
+    """Whether a prompt group of ``group_size`` samples may be admitted now."""
+    return in_flight < cap and queue_size < queue_maxsize and staleness_samples + group_size <= max_required_samples
+
+
+def staleness_after_reset(outstanding_samples: int, queue_size: int) -> int:
+    """The staleness counter a new parameter version starts with: samples admitted and not yet consumed."""
+    return outstanding_samples + queue_size
