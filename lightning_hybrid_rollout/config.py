@@ -4,7 +4,8 @@ Three dataclasses:
 
 * :class:`AsyncTrainingConfig` — the seed's ``async_training`` section: dynamic scheduling switches and the
   fully-async staleness parameters, plus the derived sample counts (``required_samples``, ``max_required_samples``,
-  ...) every other module reads from here.
+  ...) every other module reads from here. They are computed in one place, :func:`derived_counts` (the runtime
+  reads them through the config's properties, the simulator through its scenario's ``async_training``).
 * :class:`RolloutConfig` — the ``rollout`` section: replica counts, per-replica concurrency, sampling and engine
   settings.
 * :class:`HybridRolloutConfig` — both sections, plus the checks that need both (e.g. ``only_hybrid`` needs hybrid
@@ -43,8 +44,10 @@ __all__ = [
     "DTYPES",
     "AsyncTrainingConfig",
     "ConfigError",
+    "DerivedCounts",
     "HybridRolloutConfig",
     "RolloutConfig",
+    "derived_counts",
     "field_docs",
     "validate_run_config",
 ]
@@ -232,12 +235,63 @@ def field_docs(cls: type) -> dict[str, str]:
 # --------------------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class DerivedCounts:
+    """The sample counts that follow from the ``async_training`` parameters (made by :func:`derived_counts` only).
+
+    Args:
+        required_samples: Samples per optimizer step: ``mini_batch_size * require_batches``.
+        step_required_samples: Samples per sync cycle: ``required_samples * trigger_parameter_sync_step``.
+        max_required_samples: The staleness budget per param version and the MessageQueue bound:
+            ``int(required_samples * (staleness_threshold + 1) * trigger_parameter_sync_step)``.
+        buffer_samples: Extra samples the policy may want buffered beyond the expected ones:
+            ``int(step_required_samples * staleness_threshold)``.
+    """
+
+    required_samples: int
+    step_required_samples: int
+    max_required_samples: int
+    buffer_samples: int
+
+
+def derived_counts(
+    *, mini_batch_size: int, trigger_parameter_sync_step: int, staleness_threshold: float, require_batches: int = 1
+) -> DerivedCounts:
+    """The derived sample counts of a run: the one formula the config, the runtime and the simulator share.
+
+    ``max_required_samples`` is verl's expression in verl's order (so the float rounding matches its runs);
+    ``buffer_samples`` follows verl's code, ``step_required_samples * threshold`` (its doc says
+    ``expected_samples * threshold``): a per-cycle constant. Pure arithmetic: the values are validated by
+    :class:`AsyncTrainingConfig`, whose properties call this.
+
+    Args:
+        mini_batch_size: Samples per mini-batch (``async_training.mini_batch_size``).
+        trigger_parameter_sync_step: Optimizer steps per parameter version.
+        staleness_threshold: Fraction of extra samples the rollouter may generate ahead of the trainer.
+        require_batches: Mini-batches per optimizer step.
+
+    Example::
+
+        >>> derived_counts(mini_batch_size=128, trigger_parameter_sync_step=4, staleness_threshold=0.5)
+        DerivedCounts(required_samples=128, step_required_samples=512, max_required_samples=768, buffer_samples=256)
+    """
+    required = mini_batch_size * require_batches
+    step_required = required * trigger_parameter_sync_step
+    return DerivedCounts(
+        required_samples=required,
+        step_required_samples=step_required,
+        max_required_samples=int(required * (staleness_threshold + 1) * trigger_parameter_sync_step),
+        buffer_samples=int(step_required * staleness_threshold),
+    )
+
+
 @dataclass
 class AsyncTrainingConfig(_ConfigBase):
     """The ``async_training`` section (seed §2): dynamic resource scheduling and fully-async staleness.
 
     Derived sample counts (read these, never recompute them elsewhere): :attr:`required_samples`,
-    :attr:`step_required_samples`, :attr:`max_required_samples`, :attr:`buffer_samples`.
+    :attr:`step_required_samples`, :attr:`max_required_samples`, :attr:`buffer_samples`, all from
+    :func:`derived_counts` (:attr:`derived_counts` gives them together).
     """
 
     SECTION: ClassVar[str] = "async_training"
@@ -360,28 +414,38 @@ class AsyncTrainingConfig(_ConfigBase):
         c.raise_if_any()
 
     @property
+    def derived_counts(self) -> DerivedCounts:
+        """All derived sample counts at once (:func:`derived_counts` of this section's values)."""
+        return derived_counts(
+            mini_batch_size=self.mini_batch_size,
+            trigger_parameter_sync_step=self.trigger_parameter_sync_step,
+            staleness_threshold=self.staleness_threshold,
+            require_batches=self.require_batches,
+        )
+
+    @property
     def required_samples(self) -> int:
         """Samples per optimizer step: ``mini_batch_size * require_batches``."""
-        return self.mini_batch_size * self.require_batches
+        return self.derived_counts.required_samples
 
     @property
     def step_required_samples(self) -> int:
         """Samples per sync cycle: ``required_samples * trigger_parameter_sync_step``."""
-        return self.required_samples * self.trigger_parameter_sync_step
+        return self.derived_counts.step_required_samples
 
     @property
     def max_required_samples(self) -> int:
         """Staleness budget and MessageQueue bound:
         ``int(required_samples * (staleness_threshold + 1) * trigger_parameter_sync_step)`` (verl's expression, in
         verl's order, so the float rounding matches)."""
-        return int(self.required_samples * (self.staleness_threshold + 1) * self.trigger_parameter_sync_step)
+        return self.derived_counts.max_required_samples
 
     @property
     def buffer_samples(self) -> int:
         """Extra samples the policy may want buffered beyond the expected ones:
         ``int(step_required_samples * staleness_threshold)``. verl's doc says ``expected_samples * threshold``,
         its code ``step_required_samples * threshold``; we follow the code (a per-cycle constant)."""
-        return int(self.step_required_samples * self.staleness_threshold)
+        return self.derived_counts.buffer_samples
 
 
 # --------------------------------------------------------------------------------------------------------------

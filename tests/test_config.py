@@ -77,6 +77,24 @@ def test_max_required_samples_keeps_verls_float_rounding():
     assert a.max_required_samples == 114
 
 
+def test_derived_counts_is_the_one_formula_behind_the_properties():
+    counts = C.derived_counts(
+        mini_batch_size=64, require_batches=2, trigger_parameter_sync_step=4, staleness_threshold=0.1
+    )
+    assert counts == C.DerivedCounts(
+        required_samples=128, step_required_samples=512, max_required_samples=563, buffer_samples=51
+    )
+    a = AsyncTrainingConfig(
+        mini_batch_size=64, require_batches=2, trigger_parameter_sync_step=4, staleness_threshold=0.1
+    )
+    assert a.derived_counts == counts
+    assert (a.required_samples, a.step_required_samples, a.max_required_samples, a.buffer_samples) == (
+        dataclasses.astuple(counts)
+    )
+    with pytest.raises(TypeError):  # keyword-only: two ints and a float are too easy to swap
+        C.derived_counts(64, 4, 0.1)  # type: ignore[misc]
+
+
 def test_rollout_capacity_from_the_whole_config():
     cfg = HybridRolloutConfig()  # s = 16, max_required_samples = 281
     assert cfg.rollout_capacity(1) == 16  # min(1 · 16, 281)
