@@ -23,10 +23,10 @@ weight gather, the offload/onload and the batch broadcast, so ``devices > 1`` wo
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,27 +44,11 @@ from lightning_hybrid_rollout.schedule import (
     RateScheduleContext,
     create_policy,
 )
+from lightning_hybrid_rollout.schedule.cycle import CycleEnd, CycleLedger, RoleProduction, RunShape, Totals
 
 log = logging.getLogger(__name__)
 
 _STATE_VERSION = 1
-
-
-@dataclass
-class _CycleTimes:
-    """Wall-clock bookkeeping of one sync cycle (seed §4 inputs and the ``RateScheduleContext`` measurements)."""
-
-    start_s: float = 0.0
-    compute_s: list[float] = field(default_factory=list)
-    wait_for_enough_samples_s: float = 0.0
-    step_wait_times: list[float] = field(default_factory=list)
-    step_wait_samples: list[int] = field(default_factory=list)
-    step_queue_sizes: list[int] = field(default_factory=list)
-    trained_samples: int = 0
-    trained_tokens: int = 0
-    deactivate_wait_s: float = 0.0
-    deactivate_wait_samples: int = 0
-    deactivated: bool = False
 
 
 class HybridRolloutCallback(Callback):
@@ -133,15 +117,26 @@ class HybridRolloutCallback(Callback):
         self._runtime: Any = None
         self._controller: DynamicResourceController | None = None
         self._tokenizer: Any = None
-        self._cycle = _CycleTimes()
+        r = self.rollout
+        per_replica = r.gpus_per_replica if r.gpus_per_replica > 0 else r.cpus_per_replica
+        #: The per-cycle core (shared with the simulator): every context field and cycle metric comes from it.
+        self._ledger = CycleLedger(
+            RunShape(
+                required_samples=a.required_samples,
+                trigger_parameter_sync_step=a.trigger_parameter_sync_step,
+                buffer_samples=a.buffer_samples,
+                only_hybrid=a.only_hybrid,
+                num_standalone_replicas=r.standalone_replicas,
+                num_hybrid_replicas=r.hybrid_replicas,
+                standalone_devices=round(r.standalone_replicas * per_replica),
+            )
+        )
         self._cycle_weights: list[tuple[str, torch.Tensor]] | None = None
         self._pending_state: dict[str, Any] | None = None
         # checkpointed counters
         self.param_version = 0
         self.cycles_done = 0
         self.samples_consumed = 0
-        self.hybrid_sync_skipped = 0
-        self._cycle_hybrid_sync_skipped = False
         self.generated_offset = 0
         self.switch_events: list[dict[str, Any]] = []
         #: One entry per ``overlap_sync`` preparation: timings, seconds saved, whether the controller activated.
@@ -150,7 +145,9 @@ class HybridRolloutCallback(Callback):
         self._offload_broadcast_done = False
         self._overlap_saved_s = 0.0
         self.last_cycle_metrics: dict[str, float] = {}
-        self._metrics: dict[str, Any] = {}
+        #: The clock every cycle measurement is read from (``time.monotonic``; a test may give a virtual one).
+        self._clock: Callable[[], float] = time.monotonic
+        self._step_begin = self._step_start = self._step_fetch_s = 0.0
 
     # --------------------------------------------------------------------------------------------- properties
 
@@ -163,6 +160,11 @@ class HybridRolloutCallback(Callback):
     def runtime(self) -> Any:
         """The rollout runtime (global rank 0 only)."""
         return self._runtime
+
+    @property
+    def hybrid_sync_skipped(self) -> int:
+        """Sync decisions that left the hybrid replicas without the new weights (the start decision included)."""
+        return self._ledger.hybrid_sync_skipped_total
 
     @property
     def state_key(self) -> str:
@@ -270,11 +272,11 @@ class HybridRolloutCallback(Callback):
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         prompts = [p.prompt for p in task.sample_prompts(512, seed=self.rollout.seed + 12345)]
-        t0 = time.monotonic()
+        t0 = self._clock()
         losses = format_warmup(model, tokenizer, prompts, steps=self.format_warmup_steps, seed=self.rollout.seed)
         model.save_pretrained(path, safe_serialization=True)
         rank_zero_info(
-            f"[lhr] format warm-up: {self.format_warmup_steps} steps in {time.monotonic() - t0:.1f}s, "
+            f"[lhr] format warm-up: {self.format_warmup_steps} steps in {self._clock() - t0:.1f}s, "
             f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
         )
 
@@ -298,14 +300,14 @@ class HybridRolloutCallback(Callback):
         self._controller = DynamicResourceController(
             self._runtime.pool,
             self.policy,
-            clock=time.monotonic,
+            clock=self._clock,
             enable_rebalance=self.async_training.dynamic_schedule_enable_rebalance,
             has_hybrid=self.rollout.hybrid_replicas > 0,
         )
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._make_metrics(trainer)
+        self._ledger.shape = dataclasses.replace(self._ledger.shape, hybrid_devices=trainer.world_size)
         resumed = self._pending_state is not None
         pl_module.param_version = self.param_version
         # Engines loaded the model from disk (version 0). On resume, push the restored weights first.
@@ -317,7 +319,6 @@ class HybridRolloutCallback(Callback):
                 self._runtime.push_standalone(self._cycle_weights, self.param_version)
             self._runtime.set_weight_version(self.param_version)
             self._runtime.start_generation()
-            self._cycle = _CycleTimes(start_s=time.monotonic())
             if resumed:
                 self._restore_pool_state(trainer)
             else:
@@ -351,33 +352,31 @@ class HybridRolloutCallback(Callback):
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         pl_module.param_version = self.param_version
+        self._step_begin = self._clock()
         if self._is_cycle_start(trainer):
             if trainer.is_global_zero:
                 self._before_step(trainer)
             trainer.strategy.barrier("lhr_deactivated")
             self._onload(trainer)
-        self._step_start = time.monotonic()
+        self._step_start = self._clock()
         self._step_fetch_s = 0.0
 
     def _before_step(self, trainer: Trainer) -> None:
         assert self._controller is not None
-        ctx = self._context()
-        self._cycle = _CycleTimes(start_s=time.monotonic())
+        t_wait = self._clock()
         wait = {"s": 0.0}
 
         def wait_for_samples(n: int) -> None:
             rt = self._runtime
-            t0, put0 = time.monotonic(), rt.samples_put()
+            t0, put0 = self._clock(), rt.samples_put()
             self._wait_queue(n)
-            wait["s"] = time.monotonic() - t0
-            self._cycle.deactivate_wait_s += wait["s"]
-            self._cycle.deactivate_wait_samples += max(0, rt.samples_put() - put0)
+            wait["s"] = self._clock() - t0
+            self._ledger.add_deactivate_wait(wait["s"], rt.samples_put() - put0)
             self.call_log.append("deactivate_wait_samples")
 
         self.call_log.append("should_deactivate")
-        res = self._controller.before_step(self.cycles_done + 1, ctx, wait_for_samples)
-        self._cycle.wait_for_enough_samples_s = wait["s"] if res.deactivated else 0.0
-        self._cycle.deactivated = res.deactivated
+        res = self._controller.before_step(self.cycles_done + 1, self._context(), wait_for_samples)
+        self._ledger.mark_deactivation(res.deactivated)
         if res.deactivated:
             self.call_log.append("deactivate")
             self._record_switch("deactivate", res.deactivate_duration_s)
@@ -386,17 +385,16 @@ class HybridRolloutCallback(Callback):
                 f"{wait['s']:.2f}s for {res.wait_samples} samples (switch {res.deactivate_duration_s:.3f}s)"
             )
             rt = self._runtime
-            t_wait = self._cycle.start_s
             rt.trace_phase("waiting", t_wait, t_wait + wait["s"], hybrid=True)
-            t_sw = time.monotonic() - res.deactivate_duration_s
+            t_sw = self._clock() - res.deactivate_duration_s
             rt.trace_phase("switching", t_sw, t_sw + res.deactivate_duration_s, op="deactivate")
 
     def _wait_queue(self, n: int) -> None:
         rt = self._runtime
-        deadline = time.monotonic() + self.wait_timeout_s
+        deadline = self._clock() + self.wait_timeout_s
         while not rt.wait_for_samples(n, timeout=1.0):
             rt.check_health()
-            if time.monotonic() > deadline:
+            if self._clock() > deadline:
                 raise TimeoutError(
                     f"waited {self.wait_timeout_s:.0f}s for {n} samples, the queue holds {rt.queue_size()}: the "
                     "rollout replicas produce too slowly or have stalled (raise wait_timeout_s or check replica logs "
@@ -407,19 +405,15 @@ class HybridRolloutCallback(Callback):
         """Source of the module's batches (global rank 0): ``required_samples`` samples from the queue."""
         rt = self._runtime
         n = self.async_training.required_samples
-        t0 = time.monotonic()
+        t0 = self._clock()
         queue_before = rt.queue_size()
         self._wait_queue(n)
         samples = rt.take_samples(n, timeout=self.wait_timeout_s)
-        waited = time.monotonic() - t0
+        waited = self._clock() - t0
         self._step_fetch_s = waited
         hybrid_on = bool(self._controller is not None and self._controller.is_hybrid_active)
         rt.trace_phase("waiting", t0, t0 + waited, hybrid=hybrid_on)
-        self._cycle.step_wait_times.append(waited)
-        self._cycle.step_wait_samples.append(max(0, n - queue_before))
-        self._cycle.step_queue_sizes.append(queue_before)
-        self._cycle.trained_samples += len(samples)
-        self._cycle.trained_tokens += sum(s.response_length for s in samples)
+        self._ledger.add_batch(waited, queue_before, len(samples), sum(s.response_length for s in samples))
         self.samples_consumed += len(samples)
         return samples
 
@@ -427,12 +421,13 @@ class HybridRolloutCallback(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        step_s = time.monotonic() - self._step_start
+        step_s = self._clock() - self._step_start
         if trainer.is_global_zero:
-            self._cycle.compute_s.append(max(0.0, step_s - self._step_fetch_s))
-            self._runtime.trace_phase("training", self._step_start + self._step_fetch_s, time.monotonic())
+            self._ledger.add_compute(max(0.0, step_s - self._step_fetch_s))
+            self._runtime.trace_phase("training", self._step_start + self._step_fetch_s, self._clock())
             self._log(pl_module, "rollout/mq_size_step", float(self._runtime.queue_size()), prog_bar=False)
         if not self._is_cycle_end(trainer):
+            self._end_step(trainer)
             return
         # ---- weight sync to standalone (always), then the activation decision
         self._gather_weights(trainer)
@@ -444,19 +439,25 @@ class HybridRolloutCallback(Callback):
             if prepared:
                 sync_s = self._overlapped_sync(trainer)
             else:
-                t_sync = time.monotonic()
+                t_sync = self._clock()
                 sync_s = self._runtime.push_standalone(self._cycle_weights, self.param_version)
-                self._runtime.trace_phase("weight_sync", t_sync, time.monotonic(), target="standalone")
+                self._runtime.trace_phase("weight_sync", t_sync, self._clock(), target="standalone")
             self.call_log.append("sync_standalone")
             stats = self._runtime.new_param_version(self.param_version)
             self.cycles_done += 1
             end = self._after_sync(trainer, global_steps=self.cycles_done, prepared=prepared)
-            self._emit_cycle(trainer, self._cycle_inputs(stats, sync_s, end))
+            self._end_step(trainer)
+            self._emit_cycle(trainer, self._cycle_end(stats, sync_s, end))
         else:
             self.cycles_done += 1
             self._follow_offload(trainer)
-            self._emit_cycle(trainer, None)
         self._cycle_weights = None
+
+    def _end_step(self, trainer: Trainer) -> None:
+        """The step's wall times (rank 0): allocated from asking for the batch, the whole step from its start."""
+        if trainer.is_global_zero:
+            now = self._clock()
+            self._ledger.end_step(allocated_s=now - self._step_start, step_s=now - self._step_begin)
 
     def _activates_before_sync(self, global_steps: int) -> bool:
         """``overlap_sync``: ask ``should_activate_after_step`` before the standalone sync (rank 0).
@@ -479,10 +480,10 @@ class HybridRolloutCallback(Callback):
         with wake -> hybrid weight sync. Returns the standalone sync's seconds.
         """
         rt = self._runtime
-        t0 = time.monotonic()
+        t0 = self._clock()
         self._offload_broadcast_done = False
         self._broadcast_offload(trainer)  # every rank offloads before the hybrid engines wake
-        t_offload = time.monotonic()
+        t_offload = self._clock()
         rt.trace_phase("switching", t0, t_offload, op="offload")
         rep = rt.push_standalone_overlapped(self._cycle_weights, self.param_version)
         self.call_log.append("overlap_prepare")
@@ -518,19 +519,20 @@ class HybridRolloutCallback(Callback):
                 replicas; if the controller does not activate them now, they go back to sleep.
         """
         assert self._controller is not None
-        ctx = self._context(self._runtime.take_role_window())
+        window = self._runtime.take_role_window()
+        # the start decision: nothing measured yet; its production (and its activation's) belongs to no cycle
+        ctx = self._context(window if global_steps > 0 else None)
         self.call_log.append("should_activate_after_step")
         self._offload_broadcast_done = prepared
         end = self._controller.after_sync(global_steps, ctx)
         if global_steps == 0:
-            # the start decision's own activation is not part of any cycle (as in the simulator)
             self._runtime.take_role_window()
         if not self._offload_broadcast_done:
             self._broadcast(trainer, "stay")
         if prepared:
             self._finish_overlap(end)
         if end.activated:
-            t_sw = time.monotonic() - end.activate_duration_s
+            t_sw = self._clock() - end.activate_duration_s
             self._runtime.trace_phase("switching", t_sw, t_sw + end.activate_duration_s, op="activate")
             self.call_log.append("activate")
             self._record_switch("activate", end.activate_duration_s)
@@ -538,10 +540,7 @@ class HybridRolloutCallback(Callback):
         if end.rebalanced:
             self.call_log.append("request_rebalance")
         synced = prepared and self.overlap_events[-1]["hybrid_error"] is None
-        self._cycle_hybrid_sync_skipped = (
-            not self._controller.is_hybrid_active and self.rollout.hybrid_replicas > 0 and not synced
-        )
-        self.hybrid_sync_skipped += int(self._cycle_hybrid_sync_skipped)
+        self._ledger.record_sync_decision(self._controller.is_hybrid_active, synced)
         self.call_log.append("update_after_step")
         return end
 
@@ -556,9 +555,9 @@ class HybridRolloutCallback(Callback):
         pool = self._runtime.pool
         if self._controller.is_hybrid_active or not getattr(pool, "awake", False):
             return
-        t0 = time.monotonic()
+        t0 = self._clock()
         pool.sleep_replicas()
-        duration_s = time.monotonic() - t0
+        duration_s = self._clock() - t0
         event["undo_s"] = duration_s
         self.call_log.append("overlap_undo")
         self._runtime.trace_phase("switching", t0, t0 + duration_s, op="sleep (overlap undone)")
@@ -621,44 +620,19 @@ class HybridRolloutCallback(Callback):
     # ------------------------------------------------------------------------------------------------- context
 
     def _context(self, window: Any = None) -> RateScheduleContext:
-        """The decision context, with the measurements of the cycle so far (rank 0).
-
-        A :class:`~lightning_hybrid_rollout.schedule.RateScheduleContext` for every policy (it extends the seed's
-        context; policies that do not read the extra fields are unaffected). The cycle fields cover the cycle since
-        the previous ``after_sync``: before a cycle's first step they are empty; at ``after_sync`` pass the
-        rollouter's :class:`~lightning_hybrid_rollout.rollout.rollouter.RoleWindow` for the per-role production.
+        """The decision context from the per-cycle core (rank 0): the run's counters and the cycle so far.
 
         Args:
-            window: The cycle's production window (``Rollouter.take_role_window()``), or None (not measured).
+            window: The cycle's production window (``RuntimeQueries.take_role_window()``), or None (not measured).
         """
-        a = self.async_training
         rt = self._runtime
-        c = self._cycle
-        serving = window.serving_s if window is not None else {}
-        tokens = window.decoded_tokens if window is not None else {}
-        return RateScheduleContext(
-            required_samples=a.required_samples,
-            trigger_parameter_sync_step=a.trigger_parameter_sync_step,
+        totals = Totals(
             total_generated_samples=self.generated_offset + rt.generated_samples(),
             expected_samples=self.samples_consumed,
-            buffer_samples=a.buffer_samples,
-            step_wait_times=list(c.step_wait_times),
-            step_wait_samples=list(c.step_wait_samples),
-            only_hybrid=a.only_hybrid,
             queue_size=rt.queue_size(),
-            step_queue_sizes=list(c.step_queue_sizes),
-            cycle_train_compute_s=float(sum(c.compute_s)),
-            cycle_trained_samples=c.trained_samples,
-            cycle_trained_tokens=c.trained_tokens,
-            standalone_serving_s=float(serving.get("standalone", 0.0)),
-            standalone_decoded_tokens=float(tokens.get("standalone", 0)),
-            hybrid_serving_s=float(serving.get("hybrid", 0.0)),
-            hybrid_decoded_tokens=float(tokens.get("hybrid", 0)),
-            deactivate_wait_s=c.deactivate_wait_s,
-            deactivate_wait_samples=c.deactivate_wait_samples,
-            num_standalone_replicas=len(rt.standalone),
-            num_hybrid_replicas=len(rt.hybrid),
         )
+        production = None if window is None else RoleProduction.from_roles(window.serving_s, window.decoded_tokens)
+        return self._ledger.context(totals, production)
 
     def _record_switch(self, kind: str, duration_s: float) -> None:
         self.switch_events.append({"kind": kind, "cycle": self.cycles_done, "duration_s": duration_s})
@@ -670,93 +644,40 @@ class HybridRolloutCallback(Callback):
             name, float(value), on_step=True, on_epoch=False, rank_zero_only=True, prog_bar=prog_bar, batch_size=1
         )
 
-    def _make_metrics(self, trainer: Trainer) -> None:
-        """The seed's §4 metrics as sum-then-divide torchmetrics objects (one set per rank)."""
-        self._metrics = {
-            M.TRAIN_RESOURCE_UTILIZATION: M.TrainResourceUtilization(),
-            M.ROLLOUT_RESOURCE_UTILIZATION: M.RolloutResourceUtilization(),
-            M.RESOURCE_UTILIZATION: M.ClusterResourceUtilization(
-                self._hybrid_devices(trainer), self._standalone_devices()
-            ),
-            M.MQ_SIZE: M.LastValueMetric(),
-            M.STEP_GENERATED_SAMPLES: M.CounterMetric(),
-        }
-        for metric in self._metrics.values():
-            metric.to(trainer.strategy.root_device)
-
-    def _cycle_inputs(self, stats: Any, sync_s: float, end: Any) -> dict[str, Any]:
-        """Rank 0's measurements of the cycle that just ended (seed §4 inputs + our extras)."""
-        now = time.monotonic()
-        c = self._cycle
-        inputs = {
-            "now": now,
-            "compute_s": sum(c.compute_s),
-            "allocated_s": now - c.start_s,
-            "history": list(getattr(stats, "history", []) or []),
-            "wait_s": c.wait_for_enough_samples_s if c.deactivated else 0.0,
-            "mq_size": float(self._runtime.queue_size()),
-            "generated": float(getattr(stats, "step_generated_samples", 0)),
-            "extra": {
-                M.ACTIVATE_DURATION_S: end.cycle_activate_duration_s,
-                M.DEACTIVATE_DURATION_S: end.cycle_deactivate_duration_s,
-                M.WEIGHT_SYNC_TIME_S: sync_s + self._runtime.pool.take_cycle_sync_s(),  # standalone + hybrid
-                M.HYBRID_SYNC_SKIPPED: float(self._cycle_hybrid_sync_skipped),  # this cycle: 0 or 1
-                M.HYBRID_SYNC_SKIPPED_TOTAL: float(self.hybrid_sync_skipped),
-                M.HYBRID_ACTIVE: float(self._controller.is_hybrid_active) if self._controller else 0.0,
-                "dynamic_resource/deactivate_ratio": float(self.policy.deactivate_ratio),
-                "dynamic_resource/param_version": float(self.param_version),
-                "dynamic_resource/offload_s": float(getattr(self, "_last_offload_s", 0.0)),
-                "dynamic_resource/onload_s": float(getattr(self, "_last_onload_s", 0.0)),
-            },
-        }
+    def _cycle_end(self, stats: Any, sync_s: float, end: Any) -> CycleEnd:
+        """Rank 0's measurements at the end of the cycle (what the ledger did not accumulate itself)."""
+        saved_s: float | None = None
         if self.async_training.overlap_sync:
-            inputs["extra"]["dynamic_resource/overlap_saved_s"] = self._overlap_saved_s
-            self._overlap_saved_s = 0.0
-        self._cycle = _CycleTimes(start_s=now)
-        return inputs
-
-    def _emit_cycle(self, trainer: Trainer, inputs: dict[str, Any] | None) -> None:
-        """Update, reduce (collective: every rank calls it) and log the cycle's metrics.
-
-        Rank 0 feeds its measurements, other ranks feed nothing (zeros), so the sum-then-divide reduction yields the
-        cycle's values on every rank. Logged straight to ``trainer.loggers`` at this step (as Lightning's own
-        ``LearningRateMonitor`` does), so a per-cycle value is written once, not repeated on every later step.
-        """
-        i = inputs or {"compute_s": 0.0, "allocated_s": 0.0, "history": [], "wait_s": 0.0, "mq_size": 0.0}
-        m = self._metrics
-        m[M.TRAIN_RESOURCE_UTILIZATION].update(i["compute_s"], i["allocated_s"])
-        m[M.ROLLOUT_RESOURCE_UTILIZATION].update(i["history"])
-        m[M.RESOURCE_UTILIZATION].update(
-            compute_s=i["compute_s"],
-            allocated_s=i["allocated_s"],
-            history=i["history"],
-            wait_s=i["wait_s"],
-            step_s=i["allocated_s"],
+            saved_s, self._overlap_saved_s = self._overlap_saved_s, 0.0
+        return CycleEnd(
+            rollout_history=list(getattr(stats, "history", []) or []),
+            step_generated_samples=int(getattr(stats, "step_generated_samples", 0)),
+            mq_size=float(self._runtime.queue_size()),
+            standalone_sync_s=sync_s,
+            hybrid_sync_s=self._runtime.pool.take_cycle_sync_s(),
+            activate_duration_s=end.cycle_activate_duration_s,
+            deactivate_duration_s=end.cycle_deactivate_duration_s,
+            deactivate_ratio=float(self.policy.deactivate_ratio),
+            param_version=self.param_version,
+            offload_s=float(getattr(self, "_last_offload_s", 0.0)),
+            onload_s=float(getattr(self, "_last_onload_s", 0.0)),
+            overlap_saved_s=saved_s,
+            hybrid_active=bool(self._controller is not None and self._controller.is_hybrid_active),
         )
-        m[M.MQ_SIZE].update(i["mq_size"])
-        m[M.STEP_GENERATED_SAMPLES].update(i.get("generated", 0.0))
-        values = {name: float(metric.compute()) for name, metric in m.items()}
-        for metric in m.values():
-            metric.reset()
-        if inputs is None:
-            return
-        values[M.TRAIN_COMPUTE_TIME_S] = i["compute_s"]
-        values[M.TRAIN_ALLOCATED_TIME_S] = i["allocated_s"]
-        values.update(i["extra"])
+
+    def _emit_cycle(self, trainer: Trainer, end: CycleEnd) -> None:
+        """Close the cycle in the per-cycle core and log its ``dynamic_resource/*`` values (rank 0).
+
+        Logged straight to ``trainer.loggers`` at this step (as Lightning's own ``LearningRateMonitor`` does), so a
+        per-cycle value is written once, not repeated on every later step. Only rank 0 measures, so no collective.
+        """
+        values = self._ledger.close(end)
         for logger in trainer.loggers:
             logger.log_metrics(values, step=trainer.fit_loop.epoch_loop._batches_that_stepped)
         for name in (M.MQ_SIZE, M.HYBRID_ACTIVE, M.RESOURCE_UTILIZATION):
             trainer.callback_metrics[name] = torch.tensor(values[name])
         self.last_cycle_metrics = values
-        self._runtime.trace_cycle(self.cycles_done, i["now"], values)
-
-    def _standalone_devices(self) -> int:
-        r = self.rollout
-        per_replica = r.gpus_per_replica if r.gpus_per_replica > 0 else r.cpus_per_replica
-        return round(r.standalone_replicas * per_replica)
-
-    def _hybrid_devices(self, trainer: Trainer) -> int:
-        return trainer.world_size if self.rollout.hybrid_replicas > 0 else 0
+        self._runtime.trace_cycle(self.cycles_done, self._clock(), values)
 
     # ---------------------------------------------------------------------------------------------- checkpoint
 
@@ -768,6 +689,7 @@ class HybridRolloutCallback(Callback):
             "cycles_done": self.cycles_done,
             "samples_consumed": self.samples_consumed,
             "hybrid_sync_skipped": self.hybrid_sync_skipped,
+            "cycle_ledger": self._ledger.state_dict(),
             "switch_events": list(self.switch_events),
             "policy": self.policy.state_dict(),
         }
@@ -783,7 +705,9 @@ class HybridRolloutCallback(Callback):
         self.param_version = int(state_dict["param_version"])
         self.cycles_done = int(state_dict["cycles_done"])
         self.samples_consumed = int(state_dict["samples_consumed"])
-        self.hybrid_sync_skipped = int(state_dict.get("hybrid_sync_skipped", 0))
+        self._ledger.load_state_dict(
+            state_dict.get("cycle_ledger", {"hybrid_sync_skipped_total": state_dict.get("hybrid_sync_skipped", 0)})
+        )
         self.switch_events = list(state_dict.get("switch_events", []))
         self.policy.load_state_dict(state_dict["policy"])
         self._pending_state = dict(state_dict)

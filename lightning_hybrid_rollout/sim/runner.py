@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from lightning_hybrid_rollout import metrics as M
-from lightning_hybrid_rollout.schedule import DynamicResourceController, create_policy
+from lightning_hybrid_rollout.schedule import DynamicResourceController, StepEndResult, create_policy
+from lightning_hybrid_rollout.schedule.cycle import CycleEnd, CycleLedger, RoleProduction, RunShape, Totals
 from lightning_hybrid_rollout.schedule.rate_matched_policy import RateScheduleContext
 from lightning_hybrid_rollout.sim.scenario import ReplicaModel, RunSpec, Scenario
 from lightning_hybrid_rollout.sim.world import ProductionWindow, RolloutWorld, SimReplica, SimSample, SimulationError
@@ -362,13 +363,18 @@ class _Run:
                 enable_rebalance=run.enable_rebalance,
                 has_hybrid=True,
             )
-        self.ctx = RateScheduleContext(
-            required_samples=scenario.required_samples,
-            trigger_parameter_sync_step=scenario.trigger_parameter_sync_step,
-            buffer_samples=scenario.buffer_samples,
-            only_hybrid=run.rollout_devices == 0,
-            num_standalone_replicas=len(self.world.standalone),
-            num_hybrid_replicas=len(self.world.hybrid),
+        #: The per-cycle core the runtime callback uses too: contexts and cycle metrics come only from it.
+        self.ledger = CycleLedger(
+            RunShape(
+                required_samples=scenario.required_samples,
+                trigger_parameter_sync_step=scenario.trigger_parameter_sync_step,
+                buffer_samples=scenario.buffer_samples,
+                only_hybrid=run.rollout_devices == 0,
+                num_standalone_replicas=len(self.world.standalone),
+                num_hybrid_replicas=len(self.world.hybrid),
+                hybrid_devices=run.train_devices,
+                standalone_devices=run.rollout_devices,
+            )
         )
         # run-level accumulators for the utilization metrics
         self._compute_total = 0.0
@@ -377,9 +383,11 @@ class _Run:
         self._step_total = 0.0
         self._busy = 0.0
         self._capacity = 0.0
-        self._cycle_train_s = 0.0
-        self._cycle_trained_tokens = 0
-        self._cycle_sync_s = 0.0
+        self._overlap_saved_s: float | None = None
+        self._overlap_hybrid_synced = False
+        self._overlap_hybrid_sync_s = 0.0
+        self._cycle_hybrid_sync_s = 0.0
+        self._cycle_activation_s = 0.0
         self._breakdown_at_cycle_start = dict(self.breakdown)
 
     # -------------------------------------------------------------------------------------------- helpers
@@ -462,10 +470,11 @@ class _Run:
         """
         w = self.world
         assert self.controller is not None
-        # the runtime builds the full context before asking (the cycle's measurements are complete by now)
-        self._fill_cycle_ctx(w.peek_window())
-        will = self.controller.policy.should_activate_after_step(step, self.controller.is_hybrid_active, self.ctx)
-        if not will or not w.hybrid or self.controller.is_hybrid_active:
+        # as the runtime: not asked when nothing could be prepared; else with the cycle's measurements so far
+        if not w.hybrid or self.controller.is_hybrid_active or self.controller.pending_cleanup:
+            return self._standalone_sync()
+        ctx = self._context(w.peek_window())
+        if not self.controller.policy.should_activate_after_step(step, self.controller.is_hybrid_active, ctx):
             return self._standalone_sync()
         costs = self.sc.switch
         t0 = w.now
@@ -489,6 +498,9 @@ class _Run:
                 self.pool.synced_version = step
                 w.set_state(w.hybrid, "parked", serving=False, routable=False)
         sync_s = s_end - t0
+        self._overlap_hybrid_synced = True
+        self._overlap_hybrid_sync_s = costs.hybrid_sync_s
+        self._overlap_saved_s = max(0.0, sync_s + costs.wake_s + costs.hybrid_sync_s - (w.now - t0))
         self.breakdown["weight_sync_standalone"] += sync_s
         self.breakdown["hybrid_switching"] += (w.now - t0) - sync_s
         if self.trace is not None:
@@ -509,11 +521,14 @@ class _Run:
             return [m] * steps
         return [1, m - 1] + [m] * (steps - 1)
 
-    def _fill_ctx(self) -> None:
-        w, ctx = self.world, self.ctx
-        ctx.total_generated_samples = w.generated
-        ctx.expected_samples = w.consumed
-        ctx.queue_size = w.queue_size
+    def _totals(self) -> Totals:
+        w = self.world
+        return Totals(total_generated_samples=w.generated, expected_samples=w.consumed, queue_size=w.queue_size)
+
+    def _context(self, window: ProductionWindow | None = None) -> RateScheduleContext:
+        """The decision context from the core (:class:`CycleLedger`), with the window's per-role production."""
+        production = None if window is None else RoleProduction.from_roles(window.serving_s, window.tokens)
+        return self.ledger.context(self._totals(), production)
 
     def _check_devices_free(self) -> None:
         busy = [r.name for r in self.world.hybrid if r.awake or r.members]
@@ -523,165 +538,119 @@ class _Run:
                 f"the policy {self.run.policy!r} has to deactivate them before a training step"
             )
 
-    def _fill_cycle_ctx(self, window: ProductionWindow) -> None:
-        """Fill the latest cycle's measurements (``RateScheduleContext`` fields) and the queue counts."""
-        ctx = self.ctx
-        ctx.cycle_train_compute_s = self._cycle_train_s
-        ctx.cycle_trained_samples = self.sc.required_samples * len(ctx.step_wait_samples)
-        ctx.cycle_trained_tokens = self._cycle_trained_tokens
-        ctx.standalone_serving_s = window.serving_s["standalone"]
-        ctx.standalone_decoded_tokens = window.tokens["standalone"]
-        ctx.hybrid_serving_s = window.serving_s["hybrid"]
-        ctx.hybrid_decoded_tokens = window.tokens["hybrid"]
-        self._fill_ctx()
-
-    def _after_sync(self, step: int) -> dict[str, float]:
-        """Fill the cycle's context fields and call the controller (hybrid runs only)."""
-        w, ctx = self.world, self.ctx
-        self._fill_cycle_ctx(w.take_window())
-        extra: dict[str, float] = {}
-        if self.controller is not None:
-            t0 = w.now
-            hybrid_sync0 = self.breakdown["weight_sync_hybrid"]
-            end = self.controller.after_sync(step, ctx)
-            extra = {
-                "sim/hybrid_sync_s": self.breakdown["weight_sync_hybrid"] - hybrid_sync0,
-                M.ACTIVATE_DURATION_S: end.cycle_activate_duration_s,
-                M.DEACTIVATE_DURATION_S: end.cycle_deactivate_duration_s,
-                M.HYBRID_SYNC_SKIPPED: 0.0 if end.activated or end.was_hybrid_active else 1.0,
-                "sim/activation_s": w.now - t0,
-            }
-            if not end.activated and not self.controller.is_hybrid_active and any(r.awake for r in w.hybrid):
-                self.pool.sleep_replicas()  # overlap_wake woke them but the policy changed its mind
-            ratio = getattr(self.controller.policy, "deactivate_ratio", None)
-            if ratio is not None:
-                extra["sim/deactivate_ratio"] = float(ratio)
-        # the cycle's measurements are consumed: start the next cycle's (as verl clears its wait lists)
-        ctx.step_wait_times = []
-        ctx.step_wait_samples = []
-        ctx.step_queue_sizes = []
-        ctx.deactivate_wait_s = 0.0
-        ctx.deactivate_wait_samples = 0
-        ctx.cycle_train_compute_s = 0.0
-        ctx.cycle_trained_samples = 0
-        ctx.cycle_trained_tokens = 0
-        ctx.standalone_serving_s = ctx.standalone_decoded_tokens = 0.0
-        ctx.hybrid_serving_s = ctx.hybrid_decoded_tokens = 0.0
-        self._cycle_train_s = 0.0
-        self._cycle_trained_tokens = 0
-        self._cycle_sync_s = 0.0
-        return extra
+    def _after_sync(self, step: int) -> StepEndResult | None:
+        """The controller's activation decision with the cycle's measurements (hybrid runs only)."""
+        w = self.world
+        if self.controller is None:
+            return None
+        t0 = w.now
+        hybrid_sync0 = self.breakdown["weight_sync_hybrid"]
+        end = self.controller.after_sync(step, self._context(w.take_window()))
+        self._cycle_hybrid_sync_s += self.breakdown["weight_sync_hybrid"] - hybrid_sync0
+        self._cycle_activation_s = w.now - t0
+        synced = self._overlap_hybrid_synced
+        if not end.activated and not self.controller.is_hybrid_active and any(r.awake for r in w.hybrid):
+            self.pool.sleep_replicas()  # overlap_wake woke them but the policy changed its mind
+        self.ledger.record_sync_decision(self.controller.is_hybrid_active, synced)
+        return end
 
     # ------------------------------------------------------------------------------------------------ loop
 
     def execute(self) -> RunResult:
-        sc, w, ctx = self.sc, self.world, self.ctx
+        sc, w, ledger = self.sc, self.world, self.ledger
         R = sc.required_samples
         if self.trace is not None:
             self.trace.describe_track(TRAINER_TRACK, kind="trainer", devices=list(range(self.run.train_devices)))
         w.start()
         if self.controller is not None:
-            self._fill_ctx()
-            self.controller.after_sync(0, ctx)
-            ctx.step_wait_times, ctx.step_wait_samples, ctx.step_queue_sizes = [], [], []
+            # the start decision (step 0): nothing measured yet; its production belongs to no cycle
+            self.controller.after_sync(0, self._context())
+            self.ledger.record_sync_decision(self.controller.is_hybrid_active, False)
             w.take_window()
         cycles = self._cycle_lengths()
         last_v = len(cycles) - 1
         for v, n_micro in enumerate(cycles):
-            compute_s: list[float] = []
-            alloc_s: list[float] = []
-            wait_s: list[float] = []
-            step_s: list[float] = []
-            mq: list[int] = []
-            extra: dict[str, float] = {}
+            self._cycle_hybrid_sync_s = 0.0
+            self._cycle_activation_s = 0.0
+            self._overlap_hybrid_synced = False
+            self._overlap_saved_s = None
+            end: StepEndResult | None = None
+            sync_s = 0.0
             for j in range(n_micro):
                 t_step = w.now
-                deact_wait = [0.0]
-                if self.controller is not None:
-                    self._fill_ctx()
+                if self.controller is not None and j == 0:  # the cycle's first step, as the runtime callback
 
-                    def wait_for_samples(n: int, box: list[float] = deact_wait) -> None:
+                    def wait_for_samples(n: int) -> None:
                         before = w.generated
-                        waited = self._wait_for(n)
-                        box[0] += waited
-                        ctx.deactivate_wait_s += waited
-                        ctx.deactivate_wait_samples += w.generated - before
+                        ledger.add_deactivate_wait(self._wait_for(n), w.generated - before)
 
-                    self.controller.before_step(v, ctx, wait_for_samples)
+                    start = self.controller.before_step(v, self._context(), wait_for_samples)
+                    ledger.mark_deactivation(start.deactivated)
                 self._check_devices_free()
                 t_gen = w.now
                 q0 = w.queue_size
                 waited = self._wait_for(R)
                 batch = w.take(R)
-                ctx.step_wait_times.append(waited)
-                ctx.step_wait_samples.append(max(0, R - q0))
-                ctx.step_queue_sizes.append(q0)
                 train_s = self._train_seconds(batch)
+                ledger.add_batch(waited, q0, len(batch), sum(s.length for s in batch))
                 t0 = w.now
                 w.advance_to(t0 + train_s)
+                ledger.add_compute(train_s)
                 self.trained_any = True
                 self.trained.extend(batch)
                 self.breakdown["training_compute"] += train_s
-                self._cycle_train_s += train_s
-                self._cycle_trained_tokens += sum(s.length for s in batch)
                 if self.trace is not None:
                     self.trace.span(TRAINER_TRACK, "training", t0, w.now, {"step": v, "micro_step": j})
                 if j == n_micro - 1:
-                    sync_s = 0.0
                     if self.run.sequencing == "overlap_sync" and self.controller is not None and v < last_v:
-                        sync_s = self._cycle_sync_s = self._overlapped_sync(v + 1)
+                        sync_s = self._overlapped_sync(v + 1)
                     else:
-                        sync_s = self._cycle_sync_s = self._standalone_sync()
+                        sync_s = self._standalone_sync()
                     w.set_version(v + 1, sum(cycles[: v + 1]) / sc.trigger_parameter_sync_step)
                     if v < last_v:
-                        extra = self._after_sync(v + 1)
-                    else:
-                        extra = {}
-                compute_s.append(train_s)
-                alloc_s.append(w.now - t_gen)
-                wait_s.append(deact_wait[0])
-                step_s.append(w.now - t_step)
-                mq.append(w.queue_size)
+                        end = self._after_sync(v + 1)
+                ledger.end_step(allocated_s=w.now - t_gen, step_s=w.now - t_step)
             history, generated = w.reset_staleness()
-            extra[M.WEIGHT_SYNC_TIME_S] = sync_s + extra.pop("sim/hybrid_sync_s", 0.0)
-            self._emit_cycle(v + 1, compute_s, alloc_s, wait_s, step_s, mq, history, generated, extra)
+            self._emit_cycle(v + 1, sync_s, end, history, generated)
         w.close_spans()
         return self._result()
 
     def _emit_cycle(
         self,
         step: int,
-        compute_s: list[float],
-        alloc_s: list[float],
-        wait_s: list[float],
-        step_s: list[float],
-        mq: list[int],
+        sync_s: float,
+        end: StepEndResult | None,
         history: list[tuple[float, int, int]],
         generated: int,
-        extra: dict[str, float],
     ) -> None:
-        a = self.run.train_devices
-        b = self.run.rollout_devices
-        out = M.cycle_metrics(
-            compute_s=compute_s,
-            allocated_s=alloc_s,
-            rollout_history=history,
-            wait_s=wait_s,
-            step_s=step_s,
-            hybrid_devices=a,
-            standalone_devices=b,
-            mq_sizes=mq,
-            step_generated_samples=generated,
+        c = self.controller
+        ratio = getattr(c.policy, "deactivate_ratio", None) if c is not None else None
+        out = self.ledger.close(
+            CycleEnd(
+                rollout_history=history,
+                step_generated_samples=generated,
+                mq_size=float(self.world.queue_size),
+                standalone_sync_s=sync_s,
+                hybrid_sync_s=self._cycle_hybrid_sync_s
+                + (self._overlap_hybrid_sync_s if self._overlap_hybrid_synced else 0.0),
+                activate_duration_s=end.cycle_activate_duration_s if end is not None else 0.0,
+                deactivate_duration_s=end.cycle_deactivate_duration_s if end is not None else 0.0,
+                deactivate_ratio=ratio,
+                param_version=step,
+                overlap_saved_s=self._overlap_saved_s if self.run.sequencing == "overlap_sync" else None,
+                hybrid_active=bool(c is not None and c.is_hybrid_active),
+            )
         )
         busy, cap = M.rollout_utilization_terms(history)
         self._busy += busy
         self._capacity += cap
-        self._compute_total += sum(compute_s)
-        self._alloc_total += sum(alloc_s)
-        self._wait_total += sum(wait_s)
-        self._step_total += sum(step_s)
-        out[M.HYBRID_ACTIVE] = 1.0 if self.world.hybrid_serving() else 0.0
-        out.update(extra)
+        self._compute_total += out[M.TRAIN_COMPUTE_TIME_S]
+        self._alloc_total += out[M.TRAIN_ALLOCATED_TIME_S]
+        self._wait_total += self.ledger.last_wait_s
+        self._step_total += self.ledger.last_step_s
+        if ratio is not None:
+            out["sim/deactivate_ratio"] = float(ratio)
+        out["sim/activation_s"] = self._cycle_activation_s
         out["sim/time_s"] = self.world.now
         out["sim/step"] = float(step)
         for key, value in self.breakdown.items():
