@@ -1,17 +1,173 @@
-"""Partial rollout: how a segment a replica returns extends its sample, and how long a retried segment waits.
+"""Partial rollout: a sample is generated segment by segment, and an aborted segment is continued, not lost.
 
-A sample is generated as one or more *segments* (engine requests ``<uid>:<attempt>``). An aborted segment
-(deactivation, rebalance, pause) keeps what it generated and the sample continues with ``prompt + prefix`` and
-``max_tokens`` reduced by it; with ``partial_rollout=False`` the prefix is thrown away and the sample restarts from
-scratch. The kept segments' tokens and logprobs are concatenated and never exceed the response length.
+A sample is generated as one or more *segments* (engine requests ``<uid>:<attempt>``, routed by the
+:class:`~lightning_hybrid_rollout.rollout.load_balancer.LoadBalancer`):
+
+- an aborted segment (deactivation, rebalance, pause) keeps what it generated, and the sample continues with
+  ``prompt + prefix`` and ``max_tokens`` reduced by it; with ``partial_rollout=False`` the prefix is thrown away and
+  the sample restarts from scratch. The kept segments' tokens and logprobs are concatenated and never exceed the
+  response length (``sampling.max_tokens``);
+- a segment whose replica died (``ReplicaDeadError`` / Ray actor death) marks the replica dead in the load balancer
+  and is retried on another replica;
+- any other error is retried after a backoff, up to ``max_segment_failures`` per sample, then the rollouter fails;
+- an engine that refuses a request without generating (a routing-order bug upstream) is retried with a growing
+  backoff, so it cannot become a hot loop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Set
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, Set
+from typing import Protocol
 
-from lightning_hybrid_rollout.rollout.engine import GenerationResult
-from lightning_hybrid_rollout.rollout.sample_state import SampleState
+from lightning_hybrid_rollout.errors import RolloutError, is_replica_dead_error
+from lightning_hybrid_rollout.rollout.engine import GenerationResult, SamplingSpec
+from lightning_hybrid_rollout.rollout.load_balancer import LoadBalancer
+from lightning_hybrid_rollout.rollout.role_window import RoleProduction, replica_role
+from lightning_hybrid_rollout.rollout.sample_state import PromptGroup, SampleState
+
+log = logging.getLogger("lightning_hybrid_rollout.rollout.rollouter")  # the Rollouter's records keep their logger
+
+
+class SegmentHost(Protocol):
+    """What the segments of a sample read from the rollouter (its settings, read live) and the counters they add to."""
+
+    name: str
+    sampling: SamplingSpec
+    load_balancer: LoadBalancer
+    partial_rollout: bool
+    no_replica_timeout_s: float | None
+    max_segment_failures: int
+    aborted_segments: int
+    retried_segments: int
+    dead_replica_retries: int
+    failed_segments: int
+    rejected_segments: int
+
+
+class SampleGenerator:
+    """Generates a sample segment by segment until it finishes (one :meth:`generate` call per sample, on the loop).
+
+    Args:
+        host: The rollouter: its settings and segment counters.
+        role_production: Where the tokens each replica returns are counted (aborted segments included).
+        clock: Time source of the sample's ``started_at``.
+    """
+
+    def __init__(self, host: SegmentHost, role_production: RoleProduction, clock: Callable[[], float]) -> None:
+        self._host = host
+        self._role_production = role_production
+        self._clock = clock
+
+    async def generate(
+        self,
+        st: SampleState,
+        group: PromptGroup,
+        *,
+        gate: asyncio.Event,
+        park: Callable[[], Awaitable[None]],
+        stopping: Callable[[], bool],
+    ) -> str | None:
+        """Run segments until the sample finishes; its finish reason, or ``None`` if the rollouter stops first.
+
+        Args:
+            st: The sample (its kept segments are its prefix; they stay in it when the rollouter stops).
+            group: Its prompt group.
+            gate: Open while segments may be sent; while it is closed the sample waits in ``park()``.
+            park: Wait for the gate to open (the rollouter counts the parked sample).
+            stopping: Whether the rollouter is stopping.
+        """
+        host = self._host
+        response_length = host.sampling.max_tokens
+        stop_ids = set(host.sampling.stop_token_ids)
+        lb = host.load_balancer
+        if st.started_at is None:
+            st.started_at = self._clock()
+        while True:
+            if not gate.is_set():
+                await park()
+            if stopping():
+                return None
+            remaining = response_length - len(st.tokens)
+            if remaining <= 0:  # restored from a checkpoint at full length
+                return "length"
+            request_id = f"{st.uid}:{st.attempts}"
+            st.attempts += 1
+            replica = await lb.acquire(request_id, sticky_key=st.uid, timeout=host.no_replica_timeout_s)
+            if not gate.is_set() or stopping():
+                lb.release(replica.replica_id, request_id)
+                continue
+            spec = dataclasses.replace(host.sampling, max_tokens=remaining, seed=st.seed)
+            try:
+                result = await replica.generate(request_id, group.prompt_token_ids + st.tokens, spec)
+            except Exception as exc:
+                if is_replica_dead_error(exc):
+                    lb.mark_dead(replica.replica_id)
+                    host.dead_replica_retries += 1
+                    log.warning(
+                        "%s: replica %s died under %s; retrying elsewhere", host.name, replica.replica_id, st.uid
+                    )
+                    continue
+                st.failures += 1
+                host.failed_segments += 1
+                if st.failures > host.max_segment_failures:
+                    raise RolloutError(
+                        f"sample {st.uid} failed {st.failures} times (last on replica {replica.replica_id}): {exc!r}; "
+                        "check the replicas' health or raise max_segment_failures"
+                    ) from exc
+                log.warning("%s: segment %s failed on %s: %r; retrying", host.name, request_id, replica.replica_id, exc)
+                await asyncio.sleep(failure_backoff_s(st.failures))
+                continue
+            finally:
+                lb.release(replica.replica_id, request_id)
+            tokens = list(result.token_ids)
+            self._role_production.add_tokens(replica_role(replica), len(tokens))
+            logprobs = list(result.logprobs)
+            overshoot = len(tokens) > remaining
+            if overshoot:
+                log.warning(
+                    "%s: replica %s returned %d tokens for max_tokens=%d (%s); truncating",
+                    host.name,
+                    replica.replica_id,
+                    len(tokens),
+                    remaining,
+                    request_id,
+                )
+                tokens, logprobs = tokens[:remaining], logprobs[:remaining]
+            if is_refusal(result, tokens):
+                st.rejections += 1
+                host.rejected_segments += 1
+                if st.rejections == 1:
+                    log.warning(
+                        "%s: replica %s refused %s (engine state %s); remove_replicas before sleep_replicas and "
+                        "wake_up before add_replicas",
+                        host.name,
+                        replica.replica_id,
+                        request_id,
+                        result.info.get("rejected"),
+                    )
+                lb.clear_sticky_key(st.uid)
+                await asyncio.sleep(refusal_backoff_s(st.rejections))
+                continue
+            if result.finish_reason == "abort":
+                host.aborted_segments += 1
+            reason = settle_segment(
+                st,
+                tokens,
+                logprobs,
+                result,
+                replica_id=replica.replica_id,
+                overshoot=overshoot,
+                partial_rollout=host.partial_rollout,
+                response_length=response_length,
+                stop_ids=stop_ids,
+            )
+            if reason is None:
+                host.retried_segments += 1
+                continue
+            return reason
 
 
 def settle_segment(

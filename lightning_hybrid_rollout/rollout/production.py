@@ -1,0 +1,506 @@
+"""The rollouter's producer on its own event loop: admit prompt groups, dispatch samples, deliver whole groups.
+
+:class:`ProductionLoop` is the loop side of :class:`~lightning_hybrid_rollout.rollout.rollouter.Rollouter`, which
+runs it in a background thread and turns its operations (the ``_*_async`` coroutines) into synchronous, thread-safe
+methods. All of it runs on that loop (or inline, through ``asyncio.run``, before the thread starts and after it
+stops), so none of it takes a lock.
+
+Each pass of the loop (:meth:`ProductionLoop._progress`) dispatches an admitted sample while ``in_flight < cap``, or
+admits the next prompt group (:mod:`~lightning_hybrid_rollout.rollout.flow_control`). Each sample runs as one task,
+segment after segment (:class:`~lightning_hybrid_rollout.rollout.partial_rollout.SampleGenerator`), is rewarded by
+``reward_fn`` and, once its whole group is finished, the group goes into the queue in one atomic put (waiting for
+room; if the rollouter stops first, the group stays in the ``state_dict``). Wake-ups: ``_wake`` (admission or
+dispatch may proceed), ``_gate`` (open while not paused: segments may be sent), ``_space`` (the queue has room).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+from lightning_hybrid_rollout.rollout.engine import SamplingSpec
+from lightning_hybrid_rollout.rollout.flow_control import admits_group, in_flight_cap, staleness_after_reset
+from lightning_hybrid_rollout.rollout.load_balancer import LoadBalancer
+from lightning_hybrid_rollout.rollout.message_queue import MessageQueue
+from lightning_hybrid_rollout.rollout.partial_rollout import SampleGenerator
+from lightning_hybrid_rollout.rollout.prompts import PromptItem, parse_prompt_item
+from lightning_hybrid_rollout.rollout.role_window import RoleProduction, RoleWindow
+from lightning_hybrid_rollout.rollout.sample import Sample
+from lightning_hybrid_rollout.rollout.sample_state import PromptGroup, SampleState
+from lightning_hybrid_rollout.rollout.utilization import RolloutStepStats, UtilizationHistory
+
+log = logging.getLogger("lightning_hybrid_rollout.rollout.rollouter")  # the Rollouter's records keep their logger
+
+T = TypeVar("T")
+
+
+class ProductionLoop:
+    """The loop side of the :class:`~lightning_hybrid_rollout.rollout.rollouter.Rollouter`, not used on its own.
+
+    Takes the Rollouter's arguments, checked, with ``max_required_samples`` resolved and the ``load_balancer`` built.
+    """
+
+    def __init__(
+        self,
+        prompts: Iterable[PromptItem],
+        tokenize: Callable[[str], Sequence[int]],
+        reward_fn: Callable[[Sample], float],
+        message_queue: MessageQueue,
+        *,
+        sampling: SamplingSpec,
+        load_balancer: LoadBalancer,
+        n_samples_per_prompt: int,
+        max_required_samples: int,
+        concurrent_samples_per_replica: int,
+        partial_rollout: bool,
+        clock: Callable[[], float],
+        max_segment_failures: int,
+        no_replica_timeout_s: float | None,
+        abort_timeout_s: float,
+        name: str,
+    ) -> None:
+        self._prompts: Iterator[PromptItem] = iter(prompts)
+        self._tokenize = tokenize
+        self._reward_fn = reward_fn
+        self.message_queue = message_queue
+        self.sampling = sampling
+        self.load_balancer = load_balancer
+        self.n_samples_per_prompt = n_samples_per_prompt
+        self.max_required_samples = max_required_samples
+        self.concurrent_samples_per_replica = concurrent_samples_per_replica
+        self.partial_rollout = partial_rollout
+        self.max_segment_failures = max_segment_failures
+        self.no_replica_timeout_s = no_replica_timeout_s
+        self.abort_timeout_s = abort_timeout_s
+        self.name = name
+        self._clock = clock
+
+        # counters (checkpointed)
+        self.param_version = 0
+        self.staleness_samples = 0
+        self.total_prompts = 0
+        self.total_admitted_samples = 0
+        self.total_generated_samples = 0
+        self.total_delivered_samples = 0
+        self.aborted_segments = 0
+        self.retried_segments = 0
+        self.dead_replica_retries = 0
+        self.failed_segments = 0
+        self.rejected_segments = 0
+        self.dropped = 0
+        self.step_generated_samples = 0
+        self._window_admitted = 0
+        self._group_counter = 0
+
+        # runtime state
+        self._groups: dict[str, PromptGroup] = {}
+        self._to_dispatch: deque[SampleState] = deque()
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._in_flight = 0
+        self._parked = 0
+        self._history = UtilizationHistory(self._cap())
+        self._exhausted = False
+        self._stopping = False
+        self._paused = False
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._main_task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._gate: asyncio.Event | None = None
+        self._space: asyncio.Event | None = None
+        self._drained = threading.Event()
+        self._started = False
+        self._role_production = RoleProduction()  # tokens and serving seconds per replica role, on the loop only
+        self._generator = SampleGenerator(self, self._role_production, clock)
+
+        self.load_balancer.add_listener(self._on_pool_change)
+        self.message_queue.add_listener(self._on_queue_space)
+
+    # ================================================================== counters
+
+    @property
+    def outstanding_samples(self) -> int:
+        """Admitted samples not yet delivered to the queue."""
+        return self.total_admitted_samples - self.total_delivered_samples
+
+    def counters(self) -> dict[str, int]:
+        """Monotonic counters (for logging under ``fully_async/rollouter/*``)."""
+        return {
+            "total_prompts": self.total_prompts,
+            "total_admitted_samples": self.total_admitted_samples,
+            "total_generated_samples": self.total_generated_samples,
+            "total_delivered_samples": self.total_delivered_samples,
+            "aborted_segments": self.aborted_segments,
+            "retried_segments": self.retried_segments,
+            "dead_replica_retries": self.dead_replica_retries,
+            "failed_segments": self.failed_segments,
+            "rejected_segments": self.rejected_segments,
+            "dropped": self.dropped,
+            "staleness_samples": self.staleness_samples,
+            "in_flight": self._in_flight,
+        }
+
+    # ================================================================== the loop
+
+    def _thread_main(self, ready: threading.Event) -> None:
+        loop = self._loop
+        assert loop is not None
+        asyncio.set_event_loop(loop)
+        self._wake = asyncio.Event()
+        self._gate = asyncio.Event()
+        self._space = asyncio.Event()
+        if not self._paused:
+            self._gate.set()
+        self._main_task = loop.create_task(self._main())
+        ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            for task in asyncio.all_tasks(loop):
+                task.cancel()
+            loop.run_until_complete(asyncio.sleep(0))
+
+    async def _main(self) -> None:
+        assert self._wake is not None
+        self._record()
+        self._tick_serving()
+        for group in list(self._groups.values()):
+            if group.done:
+                await self._deliver_group(group)
+        try:
+            while not self._stopping:
+                self._wake.clear()
+                while self._progress():
+                    pass
+                self._check_drained()
+                await self._wake.wait()
+        except Exception as exc:  # pragma: no cover - defensive: a bug in the admission loop
+            self._fail(exc)
+
+    def _progress(self) -> bool:
+        """Dispatch one admitted sample or admit one prompt group; False when blocked."""
+        if self._stopping or self._paused or self._error is not None:
+            return False
+        cap = self._cap()
+        if self._to_dispatch:
+            if self._in_flight >= cap:
+                return False
+            self._dispatch(self._to_dispatch.popleft())
+            return True
+        if self._exhausted or not admits_group(
+            self.n_samples_per_prompt,
+            in_flight=self._in_flight,
+            cap=cap,
+            queue_size=self.message_queue.size(),
+            queue_maxsize=self.message_queue.maxsize,
+            staleness_samples=self.staleness_samples,
+            max_required_samples=self.max_required_samples,
+        ):
+            return False
+        try:
+            item = next(self._prompts)
+        except StopIteration:
+            self._exhausted = True
+            log.info("%s: prompt iterator exhausted after %d prompts", self.name, self.total_prompts)
+            return False
+        self._admit(item)
+        return True
+
+    def _admit(self, item: PromptItem) -> None:
+        prompt, metadata, token_ids = parse_prompt_item(item)
+        ids = list(token_ids) if token_ids is not None else list(self._tokenize(prompt))
+        group = PromptGroup.admit(
+            self._group_counter,
+            prompt,
+            ids,
+            metadata,
+            n_samples=self.n_samples_per_prompt,
+            base_seed=self.sampling.seed,
+            param_version=self.param_version,
+        )
+        self._groups[group.group_id] = group
+        self._to_dispatch.extend(group.samples)
+        self._group_counter += 1
+        self.total_prompts += 1
+        n = len(group.samples)
+        self.total_admitted_samples += n
+        self.staleness_samples += n
+        self._window_admitted += n
+
+    def _dispatch(self, st: SampleState) -> None:
+        assert self._loop is not None
+        self._in_flight += 1
+        self._record()
+        self._tasks[st.uid] = self._loop.create_task(self._run_sample(st), name=st.uid)
+
+    async def _run_sample(self, st: SampleState) -> None:
+        try:
+            try:
+                finished = await self._generate(st)
+            finally:
+                self._in_flight -= 1
+                self._record()
+                self._kick()
+            group = self._groups.get(st.group_id)
+            if finished and group is not None and group.done:
+                await self._deliver_group(group)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._fail(exc)
+        finally:
+            self._tasks.pop(st.uid, None)
+            self._check_drained()
+
+    async def _generate(self, st: SampleState) -> bool:
+        """Run segments until the sample finishes; False if the rollouter stops first (state kept)."""
+        assert self._gate is not None
+        group = self._groups[st.group_id]
+        reason = await self._generator.generate(
+            st, group, gate=self._gate, park=self._park, stopping=lambda: self._stopping
+        )
+        if reason is None:
+            return False
+        self._finish(st, group, reason)
+        return True
+
+    def _finish(self, st: SampleState, group: PromptGroup, reason: str) -> None:
+        sample = st.to_sample(group, reason, self._clock())
+        sample.reward = float(self._reward_fn(sample))
+        st.result = sample
+        self.total_generated_samples += 1
+        self.step_generated_samples += 1
+
+    async def _park(self) -> None:
+        assert self._gate is not None
+        self._parked += 1
+        self._record()
+        try:
+            await self._gate.wait()
+        finally:
+            self._parked -= 1
+            self._record()
+
+    async def _deliver_group(self, group: PromptGroup) -> None:
+        """Put a finished group into the queue atomically; it stays in ``_groups`` (and state_dict) until then."""
+        assert self._space is not None
+        if group.delivering or group.group_id not in self._groups:
+            return
+        samples = [s.result for s in group.samples if s.result is not None]
+        queue = self.message_queue
+        group.delivering = True
+        warned = False
+        try:
+            while True:
+                self._space.clear()
+                if queue.closed or self._stopping:
+                    break
+                if queue.size() + len(samples) <= queue.maxsize and queue.put_many(samples, block=False):
+                    del self._groups[group.group_id]
+                    self.total_delivered_samples += len(samples)
+                    return
+                if not warned:
+                    log.warning(
+                        "%s: queue full (%d); holding %d samples until it drains", self.name, queue.size(), len(samples)
+                    )
+                    warned = True
+                await self._space.wait()
+        finally:
+            group.delivering = False
+        self.dropped += len(samples)
+        log.warning(
+            "%s: %d samples of %s not delivered (queue closed or stopping); kept in state_dict",
+            self.name,
+            len(samples),
+            group.group_id,
+        )
+
+    # ================================================================== operations (the Rollouter's control methods)
+
+    async def _pause_async(self, abort_in_flight: bool, timeout: float | None) -> int:
+        self._paused = True
+        self._tick_serving()
+        if self._gate is not None:
+            self._gate.clear()
+        if not abort_in_flight or self._gate is None:
+            return 0
+        return await self.load_balancer.abort_replicas(None, wait=True, timeout=timeout or self.abort_timeout_s)
+
+    async def _resume_async(self) -> None:
+        self._paused = False
+        self._tick_serving()
+        if self._gate is not None:
+            self._gate.set()
+        self._kick()
+
+    async def _reset_staleness_async(self) -> RolloutStepStats:
+        self.staleness_samples = staleness_after_reset(self.outstanding_samples, self.message_queue.size())
+        stats = RolloutStepStats(
+            history=[],
+            step_generated_samples=self.step_generated_samples,
+            admitted_samples=self._window_admitted,
+            staleness_samples=self.staleness_samples,
+            param_version=self.param_version,
+        )
+        if self._loop is not None and self._started:
+            self._record()
+            stats.history = self._history.close_window()
+        self.step_generated_samples = 0
+        self._window_admitted = 0
+        self._kick()
+        return stats
+
+    async def _set_syncing_async(self, replica_ids: list[str], syncing: bool) -> None:
+        self._role_production.set_syncing(replica_ids, syncing)
+        self._tick_serving()
+
+    async def _take_role_window_async(self, restart: bool = True) -> RoleWindow:
+        now = self._tick_serving()
+        return self._role_production.window(now, restart=restart)
+
+    async def _set_version_async(self, version: int) -> None:
+        self.param_version = int(version)
+
+    async def _lb_async(self, fn: Callable[[LoadBalancer], T]) -> T:
+        value = fn(self.load_balancer)
+        self._on_pool_change()
+        return value
+
+    async def _abort_async(self, replica_ids: Sequence[str] | None, timeout: float | None) -> int:
+        return await self.load_balancer.abort_replicas(replica_ids, wait=True, timeout=timeout or self.abort_timeout_s)
+
+    async def _rebalance_async(self, timeout: float | None) -> int:
+        lb = self.load_balancer
+        gate = self._gate
+        was_open = gate is not None and gate.is_set()
+        if gate is not None:
+            gate.clear()
+        try:
+            lb.clear_sticky_cache()
+            n = await lb.abort_replicas(lb.replica_ids("active"), wait=True, timeout=timeout or self.abort_timeout_s)
+        finally:
+            if gate is not None and was_open and not self._paused:
+                gate.set()
+        log.info("%s: rebalanced %d in-flight requests over %s", self.name, n, lb.routable_replica_ids())
+        return n
+
+    async def _shutdown(self, abort_in_flight: bool, timeout: float) -> None:
+        self._stopping = True
+        self._tick_serving()
+        if self._gate is not None:
+            self._gate.set()  # parked samples see _stopping and return
+        if self._space is not None:
+            self._space.set()  # samples waiting for queue room give up (their group stays in state_dict)
+        if abort_in_flight and self._tasks:
+            try:
+                await self.load_balancer.abort_replicas(None, wait=True, timeout=min(timeout, self.abort_timeout_s))
+            except TimeoutError as exc:
+                log.warning("%s: %s", self.name, exc)
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._kick()
+        if self._main_task is not None:
+            await asyncio.gather(self._main_task, return_exceptions=True)
+
+    async def _state_dict_async(self) -> dict[str, Any]:
+        counters = self.counters()
+        return {
+            "counters": counters,
+            "param_version": self.param_version,
+            "group_counter": self._group_counter,
+            "pending_groups": [g.to_state() for g in self._groups.values()],
+            "message_queue": self.message_queue.state_dict(),
+        }
+
+    def _restore(self, state: Mapping[str, Any]) -> None:
+        """Load what :meth:`_state_dict_async` returned (before the loop starts): unfinished groups go first."""
+        for key, value in state["counters"].items():
+            if key != "in_flight":
+                setattr(self, key, int(value))
+        self.param_version = int(state["param_version"])
+        self._group_counter = int(state["group_counter"])
+        self._groups.clear()
+        self._to_dispatch.clear()
+        for g in state["pending_groups"]:
+            group = PromptGroup.from_state(g)
+            self._to_dispatch.extend(st for st in group.samples if st.result is None)
+            self._groups[group.group_id] = group
+        if "message_queue" in state:
+            self.message_queue.load_state_dict(state["message_queue"])
+        self.staleness_samples = staleness_after_reset(self.outstanding_samples, self.message_queue.size())
+
+    # ================================================================== helpers
+
+    def _cap(self) -> int:
+        active = self.load_balancer.active_server_count()
+        return in_flight_cap(active, self.concurrent_samples_per_replica, self.max_required_samples)
+
+    def _record(self) -> None:
+        """Append ``(t, active, cap)``; active = samples generating or waiting for a replica (not parked)."""
+        if not self._started:
+            return
+        cap = self._cap()
+        self._history.append(self._clock(), self._in_flight - self._parked, cap)
+
+    def _roles_serving_now(self) -> frozenset[str]:
+        if not self._started or self._stopping or self._paused or self._loop is None:
+            return frozenset()
+        return self._role_production.serving_roles(self.load_balancer)
+
+    def _tick_serving(self) -> float:
+        """Credit the time since the last tick to the roles that were serving, then re-read who serves now.
+
+        Called right after every change of what serves (pool change, pause/resume, sync marks, start, stop).
+        Returns the tick's clock reading.
+        """
+        now = self._clock()
+        self._role_production.tick(now, self._roles_serving_now())
+        return now
+
+    def _on_pool_change(self) -> None:
+        self._tick_serving()
+        if self._cap() != self._history.last_cap:
+            self._record()
+            self._history.last_cap = self._cap()
+        self._kick()
+
+    def _on_queue_space(self) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed between the check and the call
+            loop.call_soon_threadsafe(self._on_space_loop)
+
+    def _on_space_loop(self) -> None:
+        if self._space is not None:
+            self._space.set()
+        self._kick()
+
+    def _kick(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    def _check_drained(self) -> None:
+        if self._exhausted and self.outstanding_samples == 0 and not self._to_dispatch:
+            self._drained.set()
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._error is not None:
+            return
+        self._error = exc
+        self._stopping = True
+        self._tick_serving()
+        if self._space is not None:
+            self._space.set()
+        log.error("%s: stopping after an unrecoverable error: %r", self.name, exc)
+        self.message_queue.close(reason=f"{self.name} failed: {exc!r}", error=exc)
+        if self._gate is not None:
+            self._gate.set()
+        self._kick()
