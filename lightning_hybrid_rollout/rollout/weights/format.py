@@ -1,8 +1,8 @@
 """The weight wire format: dtype names, per-tensor checksums, and layer-aligned safetensors buckets.
 
-Shared by the trainer side (:mod:`lightning_hybrid_rollout.rollout.weight_sync`, the push) and the engine side
-(:mod:`lightning_hybrid_rollout.rollout.vllm_engine`, which parses buckets and hashes what it loads), so both hash
-and lay out tensors identically. Depends on torch and numpy only.
+Shared by the trainer side (:mod:`.push`, :mod:`.transports`) and the engine side
+(:mod:`lightning_hybrid_rollout.rollout.vllm.worker_extension`, which parses buckets and hashes what it loads), so
+both hash and lay out tensors identically. Depends on torch and numpy only.
 
 The checksum (:func:`checksum_state`): per tensor, xxh3-128 (fallback: blake2b-128) over ``name``, dtype, shape and
 the raw bytes; the state checksum hashes the sorted ``name:digest`` lines. It is a strong non-cryptographic hash:

@@ -1,0 +1,103 @@
+"""What a weight push did (:class:`SyncReport`) and the verdict on the replicas' answers (:func:`check_replies`).
+
+Shared by the CPU push (:mod:`.push`) and the GPU transports (:mod:`.transports`): every replica answers a push
+with the checksum its engine computed over what it loaded; the trainer's checksum decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from lightning_hybrid_rollout.errors import WeightSyncError
+
+if TYPE_CHECKING:
+    from lightning_hybrid_rollout.rollout.weights.receiver import WeightReceiver
+
+Reply = tuple[str, float]
+"""One replica's answer: ``(engine-side checksum, seconds from the start of its part of the push)``."""
+
+
+@dataclass
+class SyncReport:
+    """What one weight push did.
+
+    Args:
+        version: Weight version pushed.
+        bytes: Serialized bytes of the full weights (one copy; every replica received all of them).
+        num_replicas: Replicas the weights went to.
+        num_buckets: Buckets the weights were cut into.
+        seconds: Wall time of the whole push (trainer-side packing + ``ray.put`` + all replicas loaded and verified).
+        prepare_seconds: Trainer-side time writing the buckets into the node staging file and/or ``ray.put`` (bucket
+            after bucket, overlapping the replicas' loading of the previous buckets; the trainer's hashing also runs
+            concurrently).
+        per_replica_seconds: ``replica_id -> seconds`` from the start of the fan-out to that replica's verified load.
+        checksum: The trainer-side :func:`~.format.checksum_state`.
+        replica_checksums: ``replica_id -> checksum`` as reported by each replica.
+        transport: ``"node_shm"``, ``"ray_object_store"`` (both joined by ``+`` when mixed), ``"cuda_ipc"`` or
+            ``"nccl"``.
+        per_replica_transport: ``replica_id -> "node_shm" | "ray_object_store"`` (CPU path).
+        per_replica_commit_seconds: Staged pushes: ``replica_id -> seconds`` the replica stopped generating (from
+            ``begin_weight_update`` to its verified load).
+    """
+
+    version: int
+    bytes: int
+    num_replicas: int
+    num_buckets: int
+    seconds: float
+    prepare_seconds: float
+    per_replica_seconds: dict[str, float] = field(default_factory=dict)
+    checksum: str = ""
+    replica_checksums: dict[str, str] = field(default_factory=dict)
+    transport: str = "ray_object_store"
+    per_replica_transport: dict[str, str] = field(default_factory=dict)
+    per_replica_commit_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def gb_per_s(self) -> float:
+        """Delivered bandwidth: ``bytes * num_replicas / seconds`` (GB = 1e9 bytes)."""
+        return self.bytes * self.num_replicas / max(self.seconds, 1e-9) / 1e9
+
+    def as_dict(self) -> dict[str, Any]:
+        """Flat dict for logging."""
+        return {
+            "weight_sync/version": self.version,
+            "weight_sync/bytes": self.bytes,
+            "weight_sync/replicas": self.num_replicas,
+            "weight_sync/seconds": self.seconds,
+            "weight_sync/prepare_seconds": self.prepare_seconds,
+            "weight_sync/gb_per_s": self.gb_per_s,
+        }
+
+
+def check_replies(
+    report: SyncReport,
+    replicas: Sequence[WeightReceiver],
+    replies: Sequence[Reply | BaseException],
+    failures: dict[str, str] | None = None,
+) -> None:
+    """Record each replica's reply in ``report`` and judge it against ``report.checksum``.
+
+    Args:
+        report: The push's report (``per_replica_seconds`` and ``replica_checksums`` are filled in).
+        replicas: The replicas, in the order of ``replies``.
+        replies: Each replica's :data:`Reply`, or the exception its load raised.
+        failures: Failures found before the replies (``replica_id -> why``); added to.
+
+    Raises:
+        WeightSyncError: A replica failed to load, or its checksum differs from the trainer's.
+    """
+    failures = {} if failures is None else failures
+    for r, res in zip(replicas, replies):
+        if isinstance(res, BaseException):
+            failures[r.replica_id] = f"load failed: {type(res).__name__}: {res}"
+            continue
+        got, secs = res
+        report.per_replica_seconds[r.replica_id] = secs
+        report.replica_checksums[r.replica_id] = got
+        if got != report.checksum:
+            failures[r.replica_id] = f"checksum mismatch: expected {report.checksum}, got {got}"
+    if failures:
+        raise WeightSyncError(failures, report)
