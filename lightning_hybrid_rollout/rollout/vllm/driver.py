@@ -1,0 +1,337 @@
+"""The engine driver: a vLLM ``AsyncLLM``-backed :class:`~lightning_hybrid_rollout.rollout.engine.RolloutEngine`.
+
+Process layout (one engine): the frontend (``AsyncLLM``, in the process that creates the engine, normally a Ray
+replica actor; this module) and one ``EngineCore`` process that also hosts the model worker, extended with
+:class:`~.worker_extension.LHRWorkerExtension` (vLLM loads it by its dotted path, :data:`WORKER_EXTENSION_CLS`). On
+CPU the engine runs with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` so the core and the worker share that one process (a
+third process would fight them for a pinned core); the frontend spawns the core, so the creating program needs the
+``if __name__ == "__main__":`` idiom unless it is a Ray worker.
+
+Weights: :class:`VLLMEngine`'s weight methods (update sessions, staging, verification) are in its base class,
+:class:`~.weight_updates.WeightUpdates`.
+
+Sleep: on GPU (``enable_sleep_mode``) level-1 sleep; wake-up restores weights first, then the KV cache (avoids the
+OOM of vLLM #13941), then re-verifies the weight fingerprint. On CPU vLLM's sleep mode is unavailable, so sleep
+*parks* the engine: new requests are answered at once with ``finish_reason="abort"``, in-flight ones are aborted,
+and the idle engine core blocks on its input queue (its core is really free; ``tests/rollout/test_replica.py``
+measures it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from lightning_hybrid_rollout.rollout.engine import GenerationResult, SamplingSpec
+from lightning_hybrid_rollout.rollout.vllm.config import EngineState, VLLMEngineConfig, short_tmp_dir
+from lightning_hybrid_rollout.rollout.vllm.weight_updates import WeightUpdates
+
+logger = logging.getLogger(__name__)
+
+WORKER_EXTENSION_CLS = "lightning_hybrid_rollout.rollout.vllm.worker_extension.LHRWorkerExtension"
+"""What vLLM mixes into its worker (``worker_extension_cls``, a dotted class path it imports in the worker)."""
+
+
+class VLLMEngine(WeightUpdates):
+    """A :class:`~lightning_hybrid_rollout.rollout.engine.RolloutEngine` on ``vllm.v1.engine.async_llm.AsyncLLM``.
+
+    Create it with :meth:`create` (or the constructor, then :meth:`start`) inside the process that will own it.
+    The weight methods are those of :class:`~.weight_updates.WeightUpdates`.
+
+    Args:
+        config: Engine settings.
+        replica_id: Name used in results, logs and errors.
+        weight_version: Version of the weights in ``config.model``.
+    """
+
+    def __init__(self, config: VLLMEngineConfig, replica_id: str = "engine", weight_version: int = 0) -> None:
+        self.config = config
+        self.replica_id = replica_id
+        self.weight_version = weight_version
+        self.state: EngineState = "starting"
+        self.llm: Any = None
+        self.start_seconds = 0.0
+        self.engine_pid: int | None = None
+        self._inflight: dict[str, int] = {}
+        self._inflight_tokens: dict[str, int] = {}
+        self._abort_requested: set[str] = set()
+        self._ready = asyncio.Event()
+        self._update_lock = asyncio.Lock()
+        self._tmp_dir: Path | None = None
+        self._tokens_generated = 0
+        self._sleep_seconds: list[float] = []
+        self.timings: dict[str, float] = {}
+        self._init_weight_updates()
+
+    # ---- lifecycle ------------------------------------------------------------------------------------------------
+    @classmethod
+    async def create(cls, config: VLLMEngineConfig, replica_id: str = "engine", weight_version: int = 0) -> VLLMEngine:
+        """Build and start an engine (runs the blocking start in a thread so the event loop stays responsive)."""
+        eng = cls(config, replica_id, weight_version)
+        await asyncio.to_thread(eng._build)
+        await eng._post_start()
+        return eng
+
+    def start(self) -> None:
+        """Blocking start (for synchronous callers, e.g. a Ray actor ``__init__``); call :meth:`post_start` after."""
+        self._build()
+
+    async def post_start(self) -> None:
+        """Async part of the start (initial weight verification); :meth:`create` calls it for you."""
+        await self._post_start()
+
+    def _build(self) -> None:
+        t_import = time.perf_counter()
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.timings["import_vllm_s"] = time.perf_counter() - t_import
+        cfg = self.config
+        os.environ.update(cfg.process_env())
+        run_dir = Path(cfg.run_dir) if cfg.run_dir else Path(tempfile.gettempdir()) / "lhr-vllm"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        os.environ.setdefault("VLLM_CACHE_ROOT", str(run_dir / "vllm-cache"))
+        self._tmp_dir = short_tmp_dir(run_dir / "tmp" / uuid.uuid4().hex[:8])  # this engine's; removed at shutdown
+        os.environ["TMPDIR"] = str(self._tmp_dir)
+        tempfile.tempdir = None  # re-read TMPDIR
+        kwargs: dict[str, Any] = {
+            "model": cfg.model,
+            "dtype": cfg.dtype,
+            "max_model_len": cfg.max_model_len,
+            "enforce_eager": cfg.enforce_eager,
+            "seed": cfg.seed,
+            "max_num_seqs": cfg.max_num_seqs,
+            "logprobs_mode": cfg.logprobs_mode,
+            "worker_extension_cls": WORKER_EXTENSION_CLS,
+            "disable_log_stats": True,
+        }
+        if cfg.on_cuda:
+            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+            kwargs["tensor_parallel_size"] = cfg.tensor_parallel_size
+            kwargs["enable_sleep_mode"] = cfg.sleep_mode()
+        else:
+            kwargs["kv_cache_memory_bytes"] = cfg.kv_cache_memory_bytes
+        kwargs.update(cfg.extra_engine_args)
+        t = time.perf_counter()
+        try:
+            self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        except Exception as e:
+            self.state = "dead"
+            raise RuntimeError(
+                f"replica {self.replica_id}: vLLM engine failed to start for model {cfg.model!r} "
+                f"({type(e).__name__}: {e}). On CPU check kv_cache_memory_bytes fits in memory and that the model "
+                f"dir has config.json + safetensors + tokenizer."
+            ) from e
+        self.start_seconds = time.perf_counter() - t
+        self.timings["engine_start_s"] = self.start_seconds
+
+    async def _post_start(self) -> None:
+        t = time.perf_counter()
+        info = (
+            await self.llm.collective_rpc(
+                "lhr_init", args=(self.config.verify_initial_weights, self.config.direct_reload)
+            )
+        )[0]
+        self.timings["init_rpc_s"] = time.perf_counter() - t
+        self.engine_pid = int(info["pid"])
+        self._checksum = info.get("checksum")
+        self.timings["direct_reload"] = float(bool(info.get("direct_reload")))
+        if self.config.presize_staging and info.get("checkpoint_bytes"):
+            await self._ensure_staging(int(info["checkpoint_bytes"]) + (1 << 20), touch=True)
+        self.state = "active"
+        self._ready.set()
+        logger.info(
+            "replica %s: vLLM engine up in %.1f s (engine pid %s, initial checksum %s)",
+            self.replica_id,
+            self.start_seconds,
+            self.engine_pid,
+            self._checksum,
+        )
+
+    async def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the engine (aborts everything; the engine core is killed if it does not exit within ``timeout``)."""
+        if self.llm is None:
+            return
+        self._ready.set()
+        self.state = "stopped"
+        llm, self.llm = self.llm, None
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(llm.shutdown, timeout)
+        self._staging.close()
+        if self._tmp_dir is not None:  # vLLM leaves its IPC socket files there
+            shutil.rmtree(self._tmp_dir, ignore_errors=True)
+
+    # ---- generation -----------------------------------------------------------------------------------------------
+    def _aborted_result(self, request_id: str, reason: str) -> GenerationResult:
+        return GenerationResult(
+            request_id=request_id,
+            token_ids=[],
+            logprobs=[],
+            finish_reason="abort",
+            weight_version=self.weight_version,
+            replica_id=self.replica_id,
+            info={"rejected": reason},
+        )
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec) -> GenerationResult:
+        """Generate one response.
+
+        A parked (sleeping) or stopped engine answers at once with ``finish_reason="abort"``, no tokens and
+        ``info["rejected"]``; during a weight update the request waits for the new weights.
+
+        Args:
+            request_id: Unique id (also what :meth:`abort` takes).
+            prompt_token_ids: The prompt (including any partial-rollout prefix).
+            sampling: Sampling parameters.
+
+        Returns:
+            A :class:`GenerationResult` (``logprobs[i]`` is the log-probability of ``token_ids[i]``).
+        """
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        if self.state in ("parked", "stopped", "dead") or self.llm is None:
+            return self._aborted_result(request_id, self.state)
+        if not self._ready.is_set():
+            await self._ready.wait()
+            if self.state != "active":
+                return self._aborted_result(request_id, self.state)
+        if sampling.max_tokens <= 0:
+            return GenerationResult(request_id, [], [], "length", self.weight_version, self.replica_id)
+        if request_id in self._inflight:
+            raise ValueError(f"replica {self.replica_id}: request id {request_id!r} is already in flight")
+        params = SamplingParams(
+            n=1,
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=sampling.seed,
+            stop_token_ids=list(sampling.stop_token_ids),
+            ignore_eos=getattr(sampling, "ignore_eos", False),
+            logprobs=0 if self.config.return_logprobs else None,
+            output_kind=RequestOutputKind.DELTA,
+            detokenize=False,
+        )
+        version = self.weight_version
+        self._inflight[request_id] = version
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        finish: str | None = None
+        t0 = time.perf_counter()
+        try:
+            async for out in self.llm.generate(
+                TokensPrompt(prompt_token_ids=list(prompt_token_ids)), params, request_id=request_id
+            ):
+                comp = out.outputs[0]
+                new = list(comp.token_ids)
+                tokens.extend(new)
+                self._inflight_tokens[request_id] = len(tokens)
+                if self.config.return_logprobs:
+                    lps = comp.logprobs or []
+                    for i, tok in enumerate(new):
+                        logprobs.append(float(lps[i][tok].logprob) if i < len(lps) else float("nan"))
+                if comp.finish_reason is not None:
+                    finish = comp.finish_reason
+                if request_id in self._abort_requested and not out.finished:
+                    await self.llm.abort(request_id)  # abort arrived before vLLM knew the request
+        finally:
+            self._inflight.pop(request_id, None)
+            self._inflight_tokens.pop(request_id, None)
+            self._abort_requested.discard(request_id)
+        self._tokens_generated += len(tokens)
+        reason = finish if finish in ("stop", "length", "abort") else "abort"
+        return GenerationResult(
+            request_id=request_id,
+            token_ids=tokens,
+            logprobs=logprobs,
+            finish_reason=reason,  # type: ignore[arg-type]
+            weight_version=version,
+            replica_id=self.replica_id,
+            info={"seconds": time.perf_counter() - t0, "vllm_finish_reason": finish},
+        )
+
+    async def abort(self, request_ids: list[str]) -> None:
+        """Abort in-flight requests (unknown ids are ignored); their ``generate`` returns the partial output."""
+        live = [r for r in request_ids if r in self._inflight]
+        if not live or self.llm is None:
+            return
+        self._abort_requested.update(live)
+        await self.llm.abort(live)
+
+    async def _abort_all(self) -> int:
+        """Abort every in-flight request and wait (bounded) until their streams ended."""
+        live = list(self._inflight)
+        if live and self.llm is not None:
+            self._abort_requested.update(live)
+            await self.llm.abort(live)
+        deadline = time.monotonic() + self.config.abort_timeout_s
+        while self._inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.002)
+        if self._inflight:
+            logger.warning(
+                "replica %s: %d aborted requests still in flight after %.0f s",
+                self.replica_id,
+                len(self._inflight),
+                self.config.abort_timeout_s,
+            )
+        return len(live)
+
+    # ---- sleep / wake ---------------------------------------------------------------------------------------------
+    async def sleep(self) -> float:
+        """Stop serving: abort in-flight requests, refuse new ones; GPU: level-1 sleep. Returns seconds taken."""
+        t0 = time.perf_counter()
+        if self.state == "parked":
+            return 0.0
+        async with self._update_lock:
+            self.state = "parked"
+            self._ready.set()  # waiters wake up and see "parked"
+            await self._abort_all()
+            if self.config.sleep_mode():
+                await self.llm.sleep(level=1)
+        dt = time.perf_counter() - t0
+        self._sleep_seconds.append(dt)
+        return dt
+
+    async def wake_up(self) -> float:
+        """Serve again; GPU: weights first, then KV cache, then the weight fingerprint is re-checked."""
+        t0 = time.perf_counter()
+        if self.state != "parked":
+            return 0.0
+        async with self._update_lock:
+            if self.config.sleep_mode():
+                await self.llm.wake_up(tags=["weights"])
+                await self.llm.wake_up(tags=["kv_cache"])
+                await self.llm.reset_prefix_cache()
+                await self.weights_checksum()
+            self.state = "active"
+            self._ready.set()
+        return time.perf_counter() - t0
+
+    # ---- introspection --------------------------------------------------------------------------------------------
+    async def health(self) -> dict[str, Any]:
+        """State, weight version, in-flight count, checksum, engine pid; raises if the vLLM engine died."""
+        if self.llm is not None:
+            await self.llm.check_health()
+        return {
+            "replica_id": self.replica_id,
+            "state": self.state,
+            "weight_version": self.weight_version,
+            "inflight": len(self._inflight),
+            "tokens_in_flight": sum(self._inflight_tokens.values()),
+            "checksum": self._checksum,
+            "engine_pid": self.engine_pid,
+            "frontend_pid": os.getpid(),
+            "tokens_generated": self._tokens_generated,
+            "start_seconds": self.start_seconds,
+            "timings": dict(self.timings),
+            "last_update": dict(self.last_update_info),
+        }

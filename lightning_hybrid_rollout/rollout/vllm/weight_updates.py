@@ -1,0 +1,338 @@
+"""The engine driver's half of a weight update: the session, the engine's staging file, the verification.
+
+:class:`WeightUpdates` is a base class of :class:`~.driver.VLLMEngine`, which lives in the replica actor: these
+are the weight methods the actor forwards (the
+:class:`~lightning_hybrid_rollout.rollout.weights.receiver.GpuWeightReceiver` protocol, plus ``update_weights`` and
+``weights_checksum``). Each calls the vLLM worker (:mod:`.worker_extension`) with ``collective_rpc("lhr_*")``.
+
+A weight update is a session: :meth:`~WeightUpdates.begin_weight_update` aborts in-flight requests and holds new
+ones back; :meth:`~WeightUpdates.load_weight_bucket` copies each safetensors bucket into the engine's staging file
+(:class:`~lightning_hybrid_rollout.rollout.weights.staging.SharedStaging`, ``/dev/shm``; its name is unlinked as
+soon as both processes mapped it, so nothing leaks if the actor is killed) and the worker feeds zero-copy views of
+it to the loader. A replica on the trainer's node instead maps the trainer's node staging file once
+(:meth:`~WeightUpdates.attach_node_staging`) and loads each bucket straight from it
+(:meth:`~WeightUpdates.load_weight_from_node_staging`: no copy on this side). A staged sync copies the buckets in
+while the engine serves (:meth:`~WeightUpdates.stage_weight_bucket`) and loads them in one session
+(:meth:`~WeightUpdates.load_weight_from_staging`). :meth:`~WeightUpdates.finish_weight_update` finalizes the reload
+and returns the worker's verification:
+
+- ``checksum``: :func:`~lightning_hybrid_rollout.rollout.weights.format.checksum_state` of the tensors the *worker*
+  received and fed to ``load_weights`` (HF names, so it is comparable with the trainer's);
+- coverage: every parameter of the vLLM model was written by this update (otherwise vLLM silently keeps the old
+  values for it: an error here);
+- read-back: every parameter vLLM keeps materialized is compared with the received tensors (fused ``qkv_proj`` /
+  ``gate_up_proj`` are re-derived from the HF pieces). On CPU vLLM repacks linear weights into oneDNN handles and
+  drops the tensors, so read-back covers embeddings and norms only; on GPU it covers every parameter.
+
+:meth:`~WeightUpdates.weights_checksum` re-reads the materialized parameters, compares them with the fingerprint
+recorded at the last verified load, and returns that load's checksum (or raises
+:class:`~lightning_hybrid_rollout.errors.WeightLoadError` if they drifted, e.g. after a GPU wake-up restored stale
+memory). A session nobody finishes within ``update_timeout_s`` is aborted (the driver died mid-sync).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_hybrid_rollout.errors import WeightLoadError
+from lightning_hybrid_rollout.rollout.vllm.config import EngineState, VLLMEngineConfig
+from lightning_hybrid_rollout.rollout.weights.receiver import BucketPayload, NcclBucketMeta, Span
+from lightning_hybrid_rollout.rollout.weights.staging import ENGINE_PREFIX, SharedStaging, payload_nbytes
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Session:
+    """One weight update in progress (between ``begin_weight_update`` and its finish or abort)."""
+
+    version: int
+    resume: EngineState  # the state to return to afterwards
+    t0: float
+    begin_s: float
+    offset: int = 0  # where the next load_weight_bucket goes in the staging file
+    stage_s: float = 0.0  # seconds copying buckets into the staging file
+
+
+class WeightUpdates:
+    """The weight-update methods of :class:`~.driver.VLLMEngine` (see the module docstring).
+
+    The engine provides ``config``, ``replica_id``, ``llm`` (its ``AsyncLLM``), ``state``, ``weight_version``, the
+    request gate (``_ready``, ``_update_lock``) and :meth:`_abort_all`, and calls :meth:`_init_weight_updates` in its
+    constructor.
+    """
+
+    config: VLLMEngineConfig
+    replica_id: str
+    llm: Any
+    state: EngineState
+    weight_version: int
+    _ready: asyncio.Event
+    _update_lock: asyncio.Lock
+
+    def _init_weight_updates(self) -> None:
+        self._checksum: str | None = None
+        self._update: _Session | None = None
+        self._update_watchdog: asyncio.Future[None] | None = None
+        self._staging = SharedStaging(self.config.staging_dir, prefix=ENGINE_PREFIX)
+        self._node_staging: tuple[str, int] | None = None
+        self.last_update_info: dict[str, Any] = {}
+
+    async def _abort_all(self) -> int:
+        """Abort every in-flight request and wait (bounded) until their streams ended (the engine's)."""
+        raise NotImplementedError
+
+    async def _rpc(self, method: str, *args: Any) -> Any:
+        return (await self.llm.collective_rpc(method, args=args))[0]
+
+    # ---- the session ----------------------------------------------------------------------------------------------
+    async def begin_weight_update(self, version: int, total_bytes: int = 0) -> None:
+        """Start a weight update: abort in-flight requests, hold new ones back, size the staging buffer.
+
+        Args:
+            version: Version the engine reports once :meth:`finish_weight_update` verified the load.
+            total_bytes: Total serialized size of the buckets :meth:`load_weight_bucket` will bring (0 for the node
+                staging file, a staged commit and the GPU transports).
+        """
+        if self.llm is None:
+            raise WeightLoadError(f"replica {self.replica_id}: engine is not running")
+        if self.state == "parked" and self.config.sleep_mode():
+            raise WeightLoadError(f"replica {self.replica_id}: engine is asleep (GPU); wake_up() before syncing")
+        t_begin = time.perf_counter()
+        await self._update_lock.acquire()
+        resume_state: EngineState = self.state if self.state in ("active", "parked") else "active"
+        try:
+            self.state = "syncing"
+            self._ready.clear()
+            await self._abort_all()
+            if total_bytes > 0:
+                await self._ensure_staging(total_bytes)
+            await self._rpc("lhr_begin_update")
+            self._update = _Session(
+                version=version, resume=resume_state, t0=t_begin, begin_s=time.perf_counter() - t_begin
+            )
+        except BaseException:
+            self._end_update(resume_state)
+            raise
+        self._update_watchdog = asyncio.ensure_future(self._watch_update(self._update))
+
+    async def _watch_update(self, upd: _Session) -> None:
+        """Abort an update nobody finishes (the driver died mid-sync): the engine must not stay blocked."""
+        await asyncio.sleep(self.config.update_timeout_s)
+        if self._update is upd:
+            logger.warning(
+                "replica %s: weight update v%s not finished after %.0f s; aborting it (weights now unknown)",
+                self.replica_id,
+                upd.version,
+                self.config.update_timeout_s,
+            )
+            await self.abort_weight_update()
+
+    def _end_update(self, state: EngineState) -> None:
+        watchdog, self._update_watchdog = self._update_watchdog, None
+        if watchdog is not None and watchdog is not asyncio.current_task():
+            watchdog.cancel()
+        self._update = None
+        self.state = state
+        self._ready.set()
+        if self._update_lock.locked():
+            self._update_lock.release()
+
+    async def _session_rpc(self, method: str, rpc: str, *args: Any) -> Any:
+        """Worker call ``rpc`` inside the open session; if it fails, the session is aborted (and the error raised)."""
+        if self._update is None:
+            raise WeightLoadError(f"replica {self.replica_id}: {method}() outside begin/finish")
+        try:
+            return await self._rpc(rpc, *args)
+        except BaseException:
+            await self.abort_weight_update()
+            raise
+
+    async def finish_weight_update(self) -> str:
+        """Finalize the reload, verify it (coverage + read-back) and return the worker-side checksum."""
+        if self._update is None:
+            raise WeightLoadError(f"replica {self.replica_id}: finish_weight_update() without begin")
+        upd = self._update
+        t_finish = time.perf_counter()
+        try:
+            info = await self._rpc("lhr_finish_update")
+            await self.llm.reset_prefix_cache()
+        except BaseException as e:
+            self._checksum = None
+            self._end_update(upd.resume)
+            if isinstance(e, Exception) and not isinstance(e, WeightLoadError):
+                raise WeightLoadError(f"replica {self.replica_id}: weight update failed: {e}") from e
+            raise
+        if info.get("error"):
+            self._checksum = None
+            self._end_update(upd.resume)
+            raise WeightLoadError(f"replica {self.replica_id}: {info['error']}")
+        self._checksum = info["checksum"]
+        self.weight_version = int(upd.version)
+        info["seconds"] = time.perf_counter() - upd.t0
+        info["finish_s"] = time.perf_counter() - t_finish
+        info["begin_s"], info["stage_s"] = upd.begin_s, upd.stage_s
+        self.last_update_info = info
+        self._end_update(upd.resume)
+        logger.info(
+            "replica %s: weights v%d loaded in %.3f s (%d tensors, read-back %d/%d params)",
+            self.replica_id,
+            self.weight_version,
+            time.perf_counter() - upd.t0,
+            info.get("tensors", -1),
+            info.get("readback_verified", -1),
+            info.get("params", -1),
+        )
+        return info["checksum"]
+
+    async def abort_weight_update(self) -> None:
+        """Give up an update half-way: vLLM restores the old tensors of layers that got nothing; the engine's
+        checksum becomes unknown until the next complete update."""
+        if self._update is None:
+            return
+        upd = self._update
+        with contextlib.suppress(Exception):
+            await self._rpc("lhr_abort_update")
+        self._checksum = None
+        self._end_update(upd.resume)
+
+    # ---- the engine's staging file (buckets that came through Ray) ------------------------------------------------
+    async def _ensure_staging(self, nbytes: int, touch: bool = False) -> None:
+        """Grow the shared staging file to ``nbytes`` (the worker maps the new one; the name is unlinked at once).
+
+        ``touch``: fault the pages in now rather than during the first sync.
+        """
+        new_path = self._staging.ensure(nbytes, touch=touch)
+        if new_path is None:
+            return
+        try:
+            await self._rpc("lhr_attach_staging", new_path, self._staging.size)
+        finally:
+            self._staging.unlink()
+
+    def _check_room(self, off: int, n: int) -> None:
+        if off + n > self._staging.size:
+            raise WeightLoadError(
+                f"replica {self.replica_id}: bucket of {n} bytes at offset {off} overflows the staging buffer "
+                f"({self._staging.size} bytes); pass the real total to begin_weight_update()"
+            )
+
+    async def load_weight_bucket(self, bucket: BucketPayload) -> dict[str, Any]:
+        """Load one bucket: a :class:`~lightning_hybrid_rollout.rollout.weights.format.WeightBucket` or a
+        safetensors blob (bytes / uint8 array), copied into the staging file after the previous one."""
+        upd = self._update
+        if upd is None:
+            raise WeightLoadError(f"replica {self.replica_id}: load_weight_bucket() outside begin/finish")
+        off = upd.offset
+        t = time.perf_counter()
+        try:
+            n = payload_nbytes(bucket)
+            self._check_room(off, n)
+            self._staging.write(bucket, off)
+            upd.stage_s += time.perf_counter() - t
+            info = await self._rpc("lhr_load_bucket", off, n)
+        except BaseException:
+            await self.abort_weight_update()
+            raise
+        upd.offset = off + n
+        return info
+
+    async def stage_weight_bucket(self, bucket: BucketPayload, offset: int, total_bytes: int) -> float:
+        """Copy a bucket into this engine's staging file at ``offset`` while the engine keeps serving (staged sync).
+
+        The bytes are loaded later, in the commit, by :meth:`load_weight_from_staging`. Returns the copy seconds.
+        """
+        if self.llm is None:
+            raise WeightLoadError(f"replica {self.replica_id}: engine is not running")
+        if self._update is not None:
+            raise WeightLoadError(f"replica {self.replica_id}: cannot stage weights during a weight update")
+        await self._ensure_staging(total_bytes)
+        t = time.perf_counter()
+        n = payload_nbytes(bucket)
+        self._check_room(offset, n)
+        self._staging.write(bucket, offset)
+        return time.perf_counter() - t
+
+    async def load_weight_from_staging(self, spans: list[Span]) -> dict[str, Any]:
+        """Commit of a staged sync: load the buckets :meth:`stage_weight_bucket` put at ``spans`` in one call."""
+        return await self._session_rpc(
+            "load_weight_from_staging", "lhr_load_spans", [(int(o), int(n)) for o, n in spans], "staging"
+        )
+
+    # ---- the trainer's node staging file --------------------------------------------------------------------------
+    async def attach_node_staging(self, path: str, size: int, inode: int) -> bool:
+        """Map the trainer's node-local shared-memory staging file in the worker.
+
+        Returns False when the file is not visible here (the replica runs on another node) or is not the one the
+        trainer made (``inode`` differs): the caller then sends this replica its buckets through Ray instead.
+        """
+        if self.llm is None:
+            raise WeightLoadError(f"replica {self.replica_id}: engine is not running")
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        if st.st_ino != inode or st.st_size < size:
+            return False
+        if self._node_staging != (path, size):
+            await self._rpc("lhr_attach_node_staging", path, size)
+            self._node_staging = (path, size)
+        return True
+
+    async def load_weight_from_node_staging(self, spans: list[Span]) -> dict[str, Any]:
+        """Load the buckets the trainer wrote at ``spans`` (``(offset, nbytes)`` each) of the node staging file, in
+        one call to the worker (no copy on this side)."""
+        if self._update is not None and self._node_staging is None:
+            raise WeightLoadError(f"replica {self.replica_id}: no node staging file attached")
+        return await self._session_rpc(
+            "load_weight_from_node_staging", "lhr_load_spans", [(int(o), int(n)) for o, n in spans], "node"
+        )
+
+    # ---- GPU transports -------------------------------------------------------------------------------------------
+    async def load_weight_ipc(self, blob: bytes) -> dict[str, Any]:
+        """GPU, colocated: load tensors from the trainer's CUDA IPC handles (see ``transports.cuda_ipc_bucket``)."""
+        return await self._session_rpc("load_weight_ipc", "lhr_load_ipc", blob)
+
+    async def init_nccl_group(self, host: str, port: int, rank: int, world_size: int) -> bool:
+        """GPU, standalone: join the trainer's NCCL broadcast group (rank >= 1; the trainer is rank 0)."""
+        return await self._rpc("lhr_init_nccl", host, port, rank, world_size)
+
+    async def load_weight_nccl(self, meta: NcclBucketMeta) -> dict[str, Any]:
+        """GPU, standalone: receive one NCCL-broadcast bucket (must run while the trainer broadcasts it)."""
+        return await self._session_rpc("load_weight_nccl", "lhr_load_nccl", meta)
+
+    async def stage_weight_nccl(self, meta: NcclBucketMeta) -> dict[str, Any]:
+        """GPU, staged sync: receive one broadcast bucket into a GPU buffer the engine keeps, while it serves."""
+        if self._update is not None:
+            raise WeightLoadError(f"replica {self.replica_id}: cannot stage weights during a weight update")
+        return await self._rpc("lhr_stage_nccl", meta)
+
+    async def load_weight_from_gpu_stage(self) -> dict[str, Any]:
+        """GPU, staged sync commit: load every bucket :meth:`stage_weight_nccl` received."""
+        return await self._session_rpc("load_weight_from_gpu_stage", "lhr_load_gpu_stage")
+
+    # ---- whole updates and the current weights --------------------------------------------------------------------
+    async def update_weights(self, named_tensors_blob: Any, version: int) -> str:
+        """Load full weights from one safetensors blob (bytes) or a sequence of buckets; returns the checksum."""
+        buckets = named_tensors_blob if isinstance(named_tensors_blob, list | tuple) else [named_tensors_blob]
+        await self.begin_weight_update(version, sum(payload_nbytes(b) for b in buckets))
+        for b in buckets:
+            await self.load_weight_bucket(b)
+        return await self.finish_weight_update()
+
+    async def weights_checksum(self) -> str:
+        """Checksum of the last verified load, after re-checking the materialized parameters did not change."""
+        if self._checksum is None:
+            raise WeightLoadError(
+                f"replica {self.replica_id}: weights are in an unknown state (a weight update failed); push again"
+            )
+        res = await self._rpc("lhr_check_fingerprint")
+        if not res["ok"]:
+            raise WeightLoadError(f"replica {self.replica_id}: loaded weights changed since the last sync: {res}")
+        return self._checksum

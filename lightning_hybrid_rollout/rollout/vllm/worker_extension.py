@@ -1,0 +1,363 @@
+"""The vLLM worker extension: the engine side of a weight update, inside vLLM's ``EngineCore`` / worker process.
+
+vLLM mixes :class:`LHRWorkerExtension` into its worker because the driver names it in ``worker_extension_cls``
+(:data:`~.driver.WORKER_EXTENSION_CLS`, a dotted path vLLM imports in the worker process); the driver calls its
+``lhr_*`` methods with ``collective_rpc`` (:mod:`.weight_updates`). The worker maps the staging files the driver and
+the trainer write (:mod:`lightning_hybrid_rollout.rollout.weights.staging`), parses zero-copy tensor views of each
+bucket (:func:`~lightning_hybrid_rollout.rollout.weights.format.parse_safetensors`), hashes exactly what it feeds
+to the loader under the trainer's names, and loads it: on CPU by the direct reload (:mod:`.direct_reload`) where it
+is exact, elsewhere by vLLM's layer-wise in-place reload. At the end of an update it checks coverage (every model
+parameter was written) and reads back what vLLM keeps materialized.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import pickle
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lightning_hybrid_rollout.rollout.vllm.direct_reload import DirectReload
+from lightning_hybrid_rollout.rollout.weights.format import (
+    SAFETENSORS_DTYPE_BY_NAME,
+    checksum_state,
+    combine_digests,
+    parse_safetensors,
+    tensor_digest,
+)
+
+
+def _expected_param(pname: str, received: dict[str, torch.Tensor], packed: dict[str, list[str]]) -> torch.Tensor | None:
+    """The HF tensor(s) a vLLM parameter should equal (fused projections are concatenated on dim 0)."""
+    if pname in received:
+        return received[pname]
+    prefix, _, leaf = pname.rpartition(".")
+    mod_prefix, _, mod = prefix.rpartition(".")
+    parts = packed.get(mod)
+    if not parts:
+        return None
+    pieces = [received.get(f"{mod_prefix}.{p}.{leaf}" if mod_prefix else f"{p}.{leaf}") for p in parts]
+    if any(x is None for x in pieces):
+        return None
+    return torch.cat(pieces, dim=0)  # type: ignore[arg-type]
+
+
+class LHRWorkerExtension:
+    """Methods mixed into vLLM's worker (``worker_extension_cls``), called via ``collective_rpc("lhr_*")``.
+
+    Its state (set by :meth:`lhr_init` and the attach / update calls; ``_lhr_`` keeps it apart from vLLM's):
+    ``_lhr_mm`` / ``_lhr_node_mm`` (the driver's staging file / the trainer's node staging file, mapped),
+    ``_lhr_update`` (the update in progress), ``_lhr_direct`` (the direct reload, where it is exact) and ``_lhr_fp``
+    (the parameter fingerprint at the last verified load).
+    """
+
+    _lhr_mm: mmap.mmap | None
+    _lhr_node_mm: mmap.mmap | None
+    _lhr_update: dict[str, Any] | None
+    _lhr_direct: DirectReload | None
+    _lhr_fp: dict[str, str]
+
+    # ---- helpers --------------------------------------------------------------------------------------------------
+    def _lhr_model(self) -> torch.nn.Module:
+        return self.model_runner.get_model()  # type: ignore[attr-defined]
+
+    def _lhr_fingerprint(self) -> dict[str, str]:
+        out = {}
+        for name, p in self._lhr_model().named_parameters():
+            if p.numel() == 0 or p.is_meta:
+                continue
+            if p.device.type == "cpu":
+                out[name] = tensor_digest(name, p.detach())
+            else:  # GPU: cheap device-side moments instead of copying every weight to the host
+                v = p.detach().reshape(-1).double()
+                idx = torch.arange(1, v.numel() + 1, device=v.device, dtype=torch.float64)
+                out[name] = f"{v.sum().item():.17g}/{(v * v).sum().item():.17g}/{(v * idx).sum().item():.17g}"
+        return out
+
+    def _lhr_readback(self, received: dict[str, torch.Tensor]) -> tuple[int, int, list[str]]:
+        model = self._lhr_model()
+        packed = dict(getattr(model, "packed_modules_mapping", {}) or {})
+        verified, skipped, bad = 0, 0, []
+        first: dict[int, str] = {}
+        # every name of a tied parameter (lm_head tied to embed_tokens): what the trainer sent under each must agree
+        for name, p in model.named_parameters(remove_duplicate=False):
+            canonical = first.setdefault(id(p), name)
+            if p.numel() == 0 or p.is_meta:
+                skipped += 1
+                continue
+            exp = _expected_param(name, received, packed)
+            if exp is None:
+                skipped += 1
+                continue
+            got = p.detach().cpu()
+            if got.shape != exp.shape and got.dim() == exp.dim() and got.shape[1:] == exp.shape[1:]:
+                got = got[: exp.shape[0]]  # vocab padding
+            if got.shape != exp.shape or not torch.equal(got, exp.to(got.dtype)):
+                bad.append(name if canonical == name else f"{name} (tied to {canonical})")
+            else:
+                verified += 1
+        return verified, skipped, bad
+
+    # ---- rpc methods ----------------------------------------------------------------------------------------------
+    def lhr_init(self, verify: bool, direct_reload: bool = True) -> dict[str, Any]:
+        """Engine pid + (optionally) the checksum of the checkpoint on disk, read back against the engine."""
+        out: dict[str, Any] = {"pid": os.getpid(), "checksum": None}
+        self._lhr_mm = None
+        self._lhr_update = None
+        model_dir = Path(self.vllm_config.model_config.model)  # type: ignore[attr-defined]
+        files = sorted(model_dir.glob("*.safetensors")) if model_dir.is_dir() else []
+        out["checkpoint_bytes"] = sum(f.stat().st_size for f in files)
+        self._lhr_direct = None
+        if direct_reload and files:
+            from safetensors import safe_open
+
+            names: set[str] = set()
+            for f in files:
+                with safe_open(str(f), framework="pt") as fh:
+                    names.update(fh.keys())
+            self._lhr_direct = DirectReload.plan(self._lhr_model(), names)
+        out["direct_reload"] = self._lhr_direct is not None
+        if verify:
+            from safetensors.torch import load_file
+
+            if files:
+                tensors: dict[str, torch.Tensor] = {}
+                for f in files:
+                    tensors.update(load_file(str(f)))
+                out["checksum"] = checksum_state(tensors)
+                verified, _, bad = self._lhr_readback(tensors)
+                if bad:
+                    raise RuntimeError(f"engine parameters differ from the checkpoint on disk: {bad[:5]}")
+                out["readback_verified"] = verified
+        self._lhr_fp = self._lhr_fingerprint()
+        return out
+
+    def _lhr_map(self, attr: str, path: str, size: int) -> bool:
+        """Map ``path`` read-write into ``self.<attr>``, closing the mapping it replaces."""
+        old = getattr(self, attr, None)
+        if old is not None:
+            with contextlib.suppress(BufferError):
+                old.close()
+        fd = os.open(path, os.O_RDWR)
+        try:
+            setattr(self, attr, mmap.mmap(fd, size))
+        finally:
+            os.close(fd)
+        return True
+
+    def lhr_attach_staging(self, path: str, size: int) -> bool:
+        """Map the frontend's staging file (the frontend unlinks the name right after)."""
+        return self._lhr_map("_lhr_mm", path, size)
+
+    def lhr_attach_node_staging(self, path: str, size: int) -> bool:
+        """Map the trainer's node-local staging file (shared, not copied: the trainer wrote the buckets once)."""
+        return self._lhr_map("_lhr_node_mm", path, size)
+
+    def lhr_begin_update(self) -> bool:
+        """Start a layer-wise in-place reload session."""
+        from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
+
+        model = self._lhr_model()
+        self._lhr_update = {
+            "params": {n for n, _ in model.named_parameters()},
+            "loaded": set(),
+            "digests": {},
+            "received": {},
+            "keep": [],
+            "t0": time.perf_counter(),
+            "mode": "direct" if getattr(self, "_lhr_direct", None) else "layerwise",
+            "load_s": 0.0,
+            "hash_s": 0.0,
+            "minflt0": resource.getrusage(resource.RUSAGE_SELF).ru_minflt,
+        }
+        if self._lhr_update["mode"] == "layerwise":
+            initialize_layerwise_reload(model)
+        return True
+
+    def _lhr_feed(self, items: list[tuple[str, torch.Tensor]], source: Any = None) -> dict[str, Any]:
+        """Hash the received tensors, remember them for the read-back, and load them (direct or layer-wise).
+
+        ``source``: the buffer the tensors are views of (lets the direct reload pack a fused projection from its
+        adjacent parts without concatenating them first).
+        """
+        from vllm.config import set_current_vllm_config
+
+        upd = self._lhr_update
+        if upd is None:
+            raise RuntimeError("weights arrived without lhr_begin_update")
+        t = time.perf_counter()
+        for name, tensor in items:
+            if name in upd["digests"]:
+                raise RuntimeError(f"tensor {name!r} arrived twice in one update")
+            upd["digests"][name] = tensor_digest(name, tensor)
+            upd["received"][name] = tensor
+        upd["hash_s"] += time.perf_counter() - t
+        t = time.perf_counter()
+        with set_current_vllm_config(self.vllm_config), torch.no_grad():  # type: ignore[attr-defined]
+            if upd["mode"] == "direct":
+                assert self._lhr_direct is not None
+                loaded = self._lhr_direct.load(self._lhr_model(), items, source)
+            else:
+                loaded = self._lhr_model().load_weights(items)
+        upd["load_s"] += time.perf_counter() - t
+        if loaded is None:
+            upd["loaded"] = None
+        elif upd["loaded"] is not None:
+            upd["loaded"].update(loaded)
+        return {"tensors": len(items)}
+
+    def lhr_load_bucket(self, offset: int, nbytes: int, source: str = "staging") -> dict[str, Any]:
+        """Load the safetensors blob at ``offset`` of a staging file (zero-copy views) into the model.
+
+        ``source``: ``"staging"`` (this engine's own file, written by its frontend) or ``"node"`` (the trainer's
+        node-local file).
+        """
+        mm = self._lhr_mm if source == "staging" else getattr(self, "_lhr_node_mm", None)
+        if self._lhr_update is None or mm is None:
+            raise RuntimeError(f"lhr_load_bucket without lhr_begin_update / {source} staging")
+        items, size = parse_safetensors(mm, offset)
+        if size != nbytes:
+            raise RuntimeError(f"bucket at {offset}: header says {size} bytes, frontend wrote {nbytes}")
+        return {**self._lhr_feed(items, mm), "bytes": nbytes}
+
+    def lhr_load_spans(self, spans: list[tuple[int, int]], source: str = "node") -> dict[str, Any]:
+        """Load several buckets of a staging file (``"node"``: the trainer's; ``"staging"``: this engine's) in one
+        RPC."""
+        tensors = nbytes = 0
+        for offset, n in spans:
+            info = self.lhr_load_bucket(offset, n, source)
+            tensors += info["tensors"]
+            nbytes += info["bytes"]
+        return {"tensors": tensors, "bytes": nbytes, "buckets": len(spans)}
+
+    def lhr_load_ipc(self, blob: bytes) -> dict[str, Any]:
+        """GPU, colocated trainer: rebuild the trainer's tensors from CUDA IPC handles (zero copy) and load them."""
+        device = torch.cuda.current_device()
+        items = []
+        for name, fn, args in pickle.loads(blob):
+            args = list(args)
+            args[6] = device  # storage_device of rebuild_cuda_tensor: this process's device index
+            items.append((name, fn(*args)))
+        self._lhr_update["keep"].append(items)  # type: ignore[index]  # views must outlive the layer-wise reload
+        return self._lhr_feed(items)
+
+    def lhr_init_nccl(self, host: str, port: int, rank: int, world_size: int) -> bool:
+        """GPU, standalone: join the trainer's NCCL broadcast group (see ``transports.NcclWeightBroadcaster``)."""
+        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+        from vllm.distributed.utils import StatelessProcessGroup
+
+        pg = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size)
+        self._lhr_nccl = PyNcclCommunicator(pg, device=torch.cuda.current_device())
+        return True
+
+    def _lhr_recv_nccl(self, meta: dict[str, Any]) -> torch.Tensor:
+        buf = torch.empty(int(meta["nbytes"]), dtype=torch.uint8, device=torch.cuda.current_device())
+        stream = torch.cuda.current_stream()
+        self._lhr_nccl.broadcast(buf, src=0, stream=stream)
+        stream.synchronize()
+        return buf
+
+    @staticmethod
+    def _lhr_nccl_views(meta: dict[str, Any], buf: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        items = []
+        for m in meta["tensors"]:
+            dtype = SAFETENSORS_DTYPE_BY_NAME[m["dtype"]]
+            n = int(torch.Size(m["shape"]).numel()) * torch.empty((), dtype=dtype).element_size()
+            items.append((m["name"], buf[m["offset"] : m["offset"] + n].view(dtype).reshape(m["shape"])))
+        return items
+
+    def lhr_load_nccl(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """GPU, standalone: receive one broadcast bucket (layout in ``meta``) and load it."""
+        buf = self._lhr_recv_nccl(meta)
+        self._lhr_update["keep"].append(buf)  # type: ignore[index]
+        return self._lhr_feed(self._lhr_nccl_views(meta, buf))
+
+    def lhr_stage_nccl(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """GPU, staged sync: receive one broadcast bucket and keep it for :meth:`lhr_load_gpu_stage`."""
+        stage = getattr(self, "_lhr_gpu_stage", None)
+        if stage is None:
+            stage = self._lhr_gpu_stage = []
+        stage.append((meta, self._lhr_recv_nccl(meta)))
+        return {"bytes": int(meta["nbytes"]), "staged": len(stage)}
+
+    def lhr_load_gpu_stage(self) -> dict[str, Any]:
+        """GPU, staged sync commit: load every staged bucket (the buffers are freed after the update)."""
+        stage, self._lhr_gpu_stage = getattr(self, "_lhr_gpu_stage", None) or [], []
+        if not stage:
+            raise RuntimeError("lhr_load_gpu_stage: nothing staged")
+        tensors = 0
+        for meta, buf in stage:
+            self._lhr_update["keep"].append(buf)  # type: ignore[index]
+            tensors += self._lhr_feed(self._lhr_nccl_views(meta, buf))["tensors"]
+        return {"tensors": tensors, "buckets": len(stage)}
+
+    def lhr_finish_update(self) -> dict[str, Any]:
+        """Finalize the reload, check coverage and read-back; returns the checksum (or ``error``)."""
+        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+        upd = self._lhr_update
+        if upd is None:
+            raise RuntimeError("lhr_finish_update without lhr_begin_update")
+        self._lhr_update = None
+        model = self._lhr_model()
+        if upd["mode"] == "layerwise":
+            finalize_layerwise_reload(model, self.vllm_config.model_config)  # type: ignore[attr-defined]
+        runner = self.model_runner  # type: ignore[attr-defined]
+        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
+            fn = getattr(runner, reset, None)
+            if fn is not None:
+                with contextlib.suppress(Exception):
+                    fn()
+        out: dict[str, Any] = {
+            "tensors": len(upd["digests"]),
+            "params": len(upd["params"]),
+            "mode": upd["mode"],
+            "load_s": upd["load_s"],
+            "hash_s": upd["hash_s"],
+            "page_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - upd["minflt0"],
+        }
+        errors = []
+        if upd["loaded"] is not None:
+            missing = sorted(upd["params"] - upd["loaded"])
+            if missing:
+                errors.append(
+                    f"{len(missing)} model parameter(s) got no new weights (vLLM kept the old values): {missing[:5]}"
+                )
+        verified, skipped, bad = self._lhr_readback(upd["received"])
+        out["readback_verified"], out["readback_skipped"] = verified, skipped
+        if bad:
+            errors.append(f"read-back mismatch after load for {len(bad)} parameter(s): {bad[:5]}")
+        out["checksum"] = combine_digests(upd["digests"])
+        upd["received"].clear()
+        upd["keep"].clear()
+        self._lhr_fp = self._lhr_fingerprint()
+        if errors:
+            out["error"] = "; ".join(errors)
+        return out
+
+    def lhr_abort_update(self) -> bool:
+        """Finalize a half-done reload (layers that got nothing keep their old tensors)."""
+        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+        upd = getattr(self, "_lhr_update", None)
+        if upd is None:
+            return False
+        self._lhr_update = None
+        if upd["mode"] == "layerwise":
+            finalize_layerwise_reload(self._lhr_model(), self.vllm_config.model_config)  # type: ignore[attr-defined]
+        return True
+
+    def lhr_check_fingerprint(self) -> dict[str, Any]:
+        """Compare the materialized parameters with the fingerprint recorded at the last verified load."""
+        now = self._lhr_fingerprint()
+        before = getattr(self, "_lhr_fp", None)
+        if before is None:
+            return {"ok": True, "params": len(now), "note": "no fingerprint recorded"}
+        changed = sorted(k for k in set(now) | set(before) if now.get(k) != before.get(k))
+        return {"ok": not changed, "params": len(now), "changed": changed[:10]}
