@@ -1,11 +1,12 @@
-"""A rollout replica = one :class:`~.vllm_engine.VLLMEngine` in a Ray actor, plus its driver-side handle.
+"""A rollout replica = one :class:`~.vllm.driver.VLLMEngine` in a Ray actor, plus its driver-side handle.
 
 ``ReplicaActor`` (an async Ray actor) hosts the engine; on CPU it pins itself (every thread, so the engine-core
 process it spawns inherits the mask) to an explicit core list and asks Ray for that many CPUs; on GPU it is placed
 with a placement group bundle (written for CUDA machines, not testable on CPU).
 
 :class:`ReplicaHandle` is what the load balancer, rollouter and controller hold: async methods mirroring the
-:class:`~lightning_hybrid_rollout.rollout.engine.RolloutEngine` protocol, translating a dead actor into
+:class:`~lightning_hybrid_rollout.rollout.engine.RolloutEngine` protocol and the weight push's
+:class:`~lightning_hybrid_rollout.rollout.weights.receiver.GpuWeightReceiver` protocol, translating a dead actor into
 :class:`~lightning_hybrid_rollout.errors.ReplicaDeadError` (the type ``errors.is_replica_dead_error`` checks).
 """
 
@@ -22,7 +23,9 @@ from typing import Any, Literal
 
 from lightning_hybrid_rollout.errors import ReplicaDeadError as ReplicaDeadError  # re-exported
 from lightning_hybrid_rollout.rollout.engine import GenerationResult, SamplingSpec
-from lightning_hybrid_rollout.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
+from lightning_hybrid_rollout.rollout.vllm.config import VLLMEngineConfig
+from lightning_hybrid_rollout.rollout.vllm.driver import VLLMEngine
+from lightning_hybrid_rollout.rollout.weights.receiver import BucketPayload, NcclBucketMeta, Span
 
 logger = logging.getLogger(__name__)
 
@@ -177,26 +180,30 @@ class ReplicaActor:
     async def weights_checksum(self) -> str:
         return await self.engine.weights_checksum()
 
+    # ---- weight updates: the GpuWeightReceiver protocol (rollout/weights/receiver.py), forwarded to the engine ----
+    async def attach_node_staging(self, path: str, size: int, inode: int) -> bool:
+        return await self.engine.attach_node_staging(path, size, inode)
+
     async def begin_weight_update(self, version: int, total_bytes: int = 0) -> None:
         await self.engine.begin_weight_update(version, total_bytes)
 
-    async def load_weight_bucket(self, bucket: Any) -> dict[str, Any]:
+    async def load_weight_from_node_staging(self, spans: list[Span]) -> dict[str, Any]:
+        return await self.engine.load_weight_from_node_staging(spans)
+
+    async def load_weight_bucket(self, bucket: BucketPayload) -> dict[str, Any]:
         return await self.engine.load_weight_bucket(bucket)
+
+    async def stage_weight_bucket(self, bucket: BucketPayload, offset: int, total_bytes: int) -> float:
+        return await self.engine.stage_weight_bucket(bucket, offset, total_bytes)
+
+    async def load_weight_from_staging(self, spans: list[Span]) -> dict[str, Any]:
+        return await self.engine.load_weight_from_staging(spans)
 
     async def abort_weight_update(self) -> None:
         await self.engine.abort_weight_update()
 
-    async def attach_node_staging(self, path: str, size: int, inode: int) -> bool:
-        return await self.engine.attach_node_staging(path, size, inode)
-
-    async def load_weight_from_node_staging(self, spans: list[tuple[int, int]]) -> dict[str, Any]:
-        return await self.engine.load_weight_from_node_staging(spans)
-
-    async def stage_weight_bucket(self, bucket: Any, offset: int, total_bytes: int) -> float:
-        return await self.engine.stage_weight_bucket(bucket, offset, total_bytes)
-
-    async def load_weight_from_staging(self, spans: list[tuple[int, int]]) -> dict[str, Any]:
-        return await self.engine.load_weight_from_staging(spans)
+    async def finish_weight_update(self) -> str:
+        return await self.engine.finish_weight_update()
 
     async def load_weight_ipc(self, blob: bytes) -> dict[str, Any]:
         return await self.engine.load_weight_ipc(blob)
@@ -204,17 +211,14 @@ class ReplicaActor:
     async def init_nccl_group(self, host: str, port: int, rank: int, world_size: int) -> bool:
         return await self.engine.init_nccl_group(host, port, rank, world_size)
 
-    async def load_weight_nccl(self, meta: dict[str, Any]) -> dict[str, Any]:
+    async def load_weight_nccl(self, meta: NcclBucketMeta) -> dict[str, Any]:
         return await self.engine.load_weight_nccl(meta)
 
-    async def stage_weight_nccl(self, meta: dict[str, Any]) -> dict[str, Any]:
+    async def stage_weight_nccl(self, meta: NcclBucketMeta) -> dict[str, Any]:
         return await self.engine.stage_weight_nccl(meta)
 
     async def load_weight_from_gpu_stage(self) -> dict[str, Any]:
         return await self.engine.load_weight_from_gpu_stage()
-
-    async def finish_weight_update(self) -> str:
-        return await self.engine.finish_weight_update()
 
     async def health(self) -> dict[str, Any]:
         h = await self.engine.health()
@@ -366,14 +370,60 @@ class ReplicaHandle:
         """See :meth:`VLLMEngine.weights_checksum`."""
         return await self._call("weights_checksum")
 
-    async def call(self, method: str, *args: Any) -> Any:
-        """Call any other actor method with the same dead-actor handling: the streamed weight update
-        (``begin_weight_update``, ``load_weight_bucket``, ``attach_node_staging``, ``load_weight_from_node_staging``,
-        ``stage_weight_bucket``, ``load_weight_from_staging``, ``finish_weight_update``, ``abort_weight_update``) and
-        the GPU
-        transports (``load_weight_ipc``, ``init_nccl_group``, ``load_weight_nccl``)."""
-        return await self._call(method, *args)
+    # ---- weight updates: the GpuWeightReceiver protocol (rollout/weights/receiver.py) -----------------------------
+    async def attach_node_staging(self, path: str, size: int, inode: int) -> bool:
+        """See :meth:`VLLMEngine.attach_node_staging`."""
+        return await self._call("attach_node_staging", path, size, inode)
 
+    async def begin_weight_update(self, version: int, total_bytes: int = 0) -> None:
+        """See :meth:`VLLMEngine.begin_weight_update`."""
+        await self._call("begin_weight_update", version, total_bytes)
+
+    async def load_weight_from_node_staging(self, spans: list[Span]) -> dict[str, Any]:
+        """See :meth:`VLLMEngine.load_weight_from_node_staging`."""
+        return await self._call("load_weight_from_node_staging", spans)
+
+    async def load_weight_bucket(self, bucket: BucketPayload) -> dict[str, Any]:
+        """See :meth:`VLLMEngine.load_weight_bucket` (an ObjectRef arrives as a zero-copy view)."""
+        return await self._call("load_weight_bucket", bucket)
+
+    async def stage_weight_bucket(self, bucket: BucketPayload, offset: int, total_bytes: int) -> float:
+        """See :meth:`VLLMEngine.stage_weight_bucket`."""
+        return await self._call("stage_weight_bucket", bucket, offset, total_bytes)
+
+    async def load_weight_from_staging(self, spans: list[Span]) -> dict[str, Any]:
+        """See :meth:`VLLMEngine.load_weight_from_staging`."""
+        return await self._call("load_weight_from_staging", spans)
+
+    async def abort_weight_update(self) -> None:
+        """See :meth:`VLLMEngine.abort_weight_update`."""
+        await self._call("abort_weight_update")
+
+    async def finish_weight_update(self) -> str:
+        """See :meth:`VLLMEngine.finish_weight_update`."""
+        return await self._call("finish_weight_update")
+
+    async def load_weight_ipc(self, blob: bytes) -> dict[str, Any]:
+        """See :meth:`VLLMEngine.load_weight_ipc`."""
+        return await self._call("load_weight_ipc", blob)
+
+    async def init_nccl_group(self, host: str, port: int, rank: int, world_size: int) -> bool:
+        """See :meth:`VLLMEngine.init_nccl_group`."""
+        return await self._call("init_nccl_group", host, port, rank, world_size)
+
+    async def load_weight_nccl(self, meta: NcclBucketMeta) -> dict[str, Any]:
+        """See :meth:`VLLMEngine.load_weight_nccl`."""
+        return await self._call("load_weight_nccl", meta)
+
+    async def stage_weight_nccl(self, meta: NcclBucketMeta) -> dict[str, Any]:
+        """See :meth:`VLLMEngine.stage_weight_nccl`."""
+        return await self._call("stage_weight_nccl", meta)
+
+    async def load_weight_from_gpu_stage(self) -> dict[str, Any]:
+        """See :meth:`VLLMEngine.load_weight_from_gpu_stage`."""
+        return await self._call("load_weight_from_gpu_stage")
+
+    # ---- introspection and shutdown -------------------------------------------------------------------------------
     async def health(self) -> dict[str, Any]:
         """Engine state, weight version, in-flight count, pids, pinned cores, node."""
         h = await self._call("health")

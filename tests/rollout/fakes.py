@@ -1,22 +1,30 @@
-"""An in-process async fake of a rollout replica, and helpers for fast rollout tests.
+"""In-process async fakes of a rollout replica, and helpers for fast rollout tests.
 
 :class:`FakeReplica` satisfies ``load_balancer.ReplicaLike``. Its output is a pure function of the absolute
 position in the sequence: the token at absolute index ``j`` (prompt included) is ``TOKEN_BASE + j`` with logprob
 ``-j / 1000``. A partial-rollout continuation (prompt + prefix) therefore yields exactly the tokens an
 uninterrupted run would have, and a test can check a concatenated response token by token.
+
+:class:`FakeWeightReceiver` satisfies ``weights.receiver.WeightReceiver`` (what a weight push calls): it parses and
+hashes every bucket it is given, like an engine's worker, so a push into it is verified by checksum.
 """
 
 from __future__ import annotations
 
 import asyncio
+import mmap
+import os
 import random
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from lightning_hybrid_rollout.errors import ReplicaDeadError
 from lightning_hybrid_rollout.rollout.engine import GenerationResult, SamplingSpec
+from lightning_hybrid_rollout.rollout.weights.format import combine_digests, parse_safetensors, tensor_digest
+from lightning_hybrid_rollout.rollout.weights.receiver import BucketPayload, Span
 
 TOKEN_BASE = 1000
 
@@ -193,6 +201,101 @@ class FakeReplica:
             weight_version=version,
             replica_id=self.replica_id,
         )
+
+
+class FakeWeightReceiver:
+    """A pure-Python replica speaking the weight-update protocol (``weights.receiver.WeightReceiver``).
+
+    It maps the trainer's node staging file, parses every bucket it loads (node staging file, Ray-path buckets, or
+    its own staged copies) and hashes the tensors as the engine's worker does, so :meth:`finish_weight_update`
+    returns the checksum of what it really read.
+
+    Args:
+        replica_id: Id.
+        can_attach: Whether :meth:`attach_node_staging` succeeds (False: as if on another node).
+        events: A list shared with the test: every call appends ``"<replica_id>:<method>"`` (order across replicas).
+    """
+
+    def __init__(self, replica_id: str, can_attach: bool = True, events: list[str] | None = None) -> None:
+        self.replica_id = replica_id
+        self.info: dict[str, Any] = {}
+        self.can_attach = can_attach
+        self.events = events
+        self.calls: list[str] = []
+        self.loaded_spans: list[Span] = []
+        self.weight_version = 0
+        self._mm: mmap.mmap | None = None
+        self._staged: dict[int, bytes] = {}
+        self._digests: dict[str, str] = {}
+        self._version: int | None = None
+
+    def _record(self, method: str) -> None:
+        self.calls.append(method)
+        if self.events is not None:
+            self.events.append(f"{self.replica_id}:{method}")
+
+    def _load(self, buf: Any, offset: int, nbytes: int) -> dict[str, Any]:
+        if self._version is None:
+            raise RuntimeError(f"{self.replica_id}: load outside begin/finish")
+        items, size = parse_safetensors(buf, offset)
+        assert size == nbytes, (size, nbytes)
+        self._digests.update({n: tensor_digest(n, t) for n, t in items})
+        return {"tensors": len(items), "bytes": nbytes}
+
+    @staticmethod
+    def _blob(bucket: BucketPayload) -> bytes:
+        return bucket.to_bytes() if hasattr(bucket, "to_bytes") else bytes(memoryview(bucket).cast("B"))
+
+    async def attach_node_staging(self, path: str, size: int, inode: int) -> bool:
+        self._record("attach_node_staging")
+        if not self.can_attach or os.stat(path).st_ino != inode:
+            return False
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            self._mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        return True
+
+    async def begin_weight_update(self, version: int, total_bytes: int = 0) -> None:
+        self._record("begin_weight_update")
+        self._digests, self._version = {}, version
+
+    async def load_weight_from_node_staging(self, spans: list[Span]) -> dict[str, Any]:
+        self._record("load_weight_from_node_staging")
+        assert self._mm is not None, "no node staging file attached"
+        for offset, nbytes in spans:
+            self._load(self._mm, offset, nbytes)
+            self.loaded_spans.append((offset, nbytes))
+        return {"buckets": len(spans)}
+
+    async def load_weight_bucket(self, bucket: BucketPayload) -> dict[str, Any]:
+        self._record("load_weight_bucket")
+        blob = self._blob(bucket)
+        return self._load(blob, 0, len(blob))
+
+    async def stage_weight_bucket(self, bucket: BucketPayload, offset: int, total_bytes: int) -> float:
+        self._record("stage_weight_bucket")
+        assert self._version is None, "cannot stage weights during a weight update"
+        self._staged[offset] = self._blob(bucket)
+        return 0.0
+
+    async def load_weight_from_staging(self, spans: list[Span]) -> dict[str, Any]:
+        self._record("load_weight_from_staging")
+        for offset, nbytes in spans:
+            self._load(self._staged.pop(offset), 0, nbytes)
+        return {"buckets": len(spans)}
+
+    async def abort_weight_update(self) -> None:
+        self._record("abort_weight_update")
+        self._digests, self._version = {}, None
+
+    async def finish_weight_update(self) -> str:
+        self._record("finish_weight_update")
+        if self._version is None:
+            raise RuntimeError(f"{self.replica_id}: finish_weight_update without begin")
+        self.weight_version, self._version = self._version, None
+        return combine_digests(self._digests)
 
 
 class ManualClock:

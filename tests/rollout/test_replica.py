@@ -87,7 +87,7 @@ def test_dead_replica_and_shutdown_leave_no_processes(tiny_model_dir, tmp_path) 
         from lightning_hybrid_rollout.rollout.engine import SamplingSpec
         from lightning_hybrid_rollout.rollout.ray_runtime import RayRuntime
         from lightning_hybrid_rollout.rollout.replica import ReplicaDeadError, ReplicaSpec
-        from lightning_hybrid_rollout.rollout.vllm_engine import VLLMEngineConfig
+        from lightning_hybrid_rollout.rollout.vllm.config import VLLMEngineConfig
 
         async def main(rt):
             cfg = VLLMEngineConfig(model={str(tiny_model_dir)!r}, kv_cache_memory_bytes=32 * 2**20,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from lightning_hybrid_rollout.rollout.engine import SamplingSpec
-from lightning_hybrid_rollout.rollout.weight_sync import push_weights_async
+from lightning_hybrid_rollout.rollout.weights.push import push_weights_async
 
 pytestmark = pytest.mark.slow
 
@@ -140,7 +140,7 @@ def test_health_and_checksum(vllm_replicas, run_async) -> None:
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_sleep_releases_memory_and_wakes_with_same_weights(ray_runtime, tiny_model_dir, run_async) -> None:
     from lightning_hybrid_rollout.rollout.replica import ReplicaSpec
-    from lightning_hybrid_rollout.rollout.vllm_engine import VLLMEngineConfig
+    from lightning_hybrid_rollout.rollout.vllm.config import VLLMEngineConfig
 
     cfg = VLLMEngineConfig(model=str(tiny_model_dir), gpu_memory_utilization=0.2, max_model_len=256)
     (r,) = ray_runtime.start_replicas([ReplicaSpec("gpu-sleeper", "hybrid", cfg, gpus=0.3)])

@@ -1,4 +1,5 @@
-"""Weight sync: checksums and the bucket format (fast), and verified pushes into real replicas (slow)."""
+"""Weight sync: checksums and the bucket format, pushes into in-process fakes (fast), and verified pushes into real
+replicas (slow). The staging file and the receiver protocol have their own tests in ``tests/rollout/weights/``."""
 
 from __future__ import annotations
 
@@ -10,19 +11,19 @@ import numpy as np
 import pytest
 import torch
 
+from lightning_hybrid_rollout.errors import WeightSyncError
 from lightning_hybrid_rollout.rollout.engine import SamplingSpec
-from lightning_hybrid_rollout.rollout.weight_sync import (
-    NodeStaging,
-    SyncReport,
+from lightning_hybrid_rollout.rollout.weights.format import (
     WeightBucket,
-    WeightSyncError,
     checksum_state,
     make_bucket,
     parse_safetensors,
     plan_buckets,
-    push_weights,
-    push_weights_async,
 )
+from lightning_hybrid_rollout.rollout.weights.push import PushHooks, push_weights, push_weights_async, seam
+from lightning_hybrid_rollout.rollout.weights.report import SyncReport
+from lightning_hybrid_rollout.rollout.weights.staging import SharedStaging
+from tests.rollout.fakes import FakeWeightReceiver
 
 
 def _state(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -129,49 +130,9 @@ def test_push_with_no_replicas_only_computes_the_checksum() -> None:
     assert rep.bytes > sum(v.numel() * v.element_size() for v in sd.values())
 
 
-class _ShmReplica:
-    """A pure-Python replica speaking the node-staging protocol: maps the trainer's file, parses, hashes."""
-
-    def __init__(self, replica_id: str, can_attach: bool = True) -> None:
-        self.replica_id = replica_id
-        self.info: dict[str, Any] = {}
-        self.can_attach = can_attach
-        self.mm: Any = None
-        self.digests: dict[str, str] = {}
-        self.calls: list[str] = []
-        self.loaded_spans: list[tuple[int, int]] = []
-
-    async def call(self, method: str, *args: Any) -> Any:
-        import mmap
-        import os
-
-        from lightning_hybrid_rollout.rollout.weight_sync import combine_digests, tensor_digest
-
-        self.calls.append(method)
-        if method == "attach_node_staging":
-            path, size, inode = args
-            if not self.can_attach or os.stat(path).st_ino != inode:
-                return False
-            fd = os.open(path, os.O_RDONLY)
-            self.mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
-            os.close(fd)
-            return True
-        if method == "begin_weight_update":
-            self.digests = {}
-        elif method == "load_weight_from_node_staging":
-            for offset, nbytes in args[0]:
-                items, size = parse_safetensors(self.mm, offset)
-                assert size == nbytes
-                self.digests.update({n: tensor_digest(n, t) for n, t in items})
-                self.loaded_spans.append((offset, nbytes))
-        elif method == "finish_weight_update":
-            return combine_digests(self.digests)
-        return None
-
-
 def test_node_staging_push_is_written_once_and_verified_per_replica(run_async) -> None:
     sd = _state(5)
-    reps = [_ShmReplica("a"), _ShmReplica("b")]
+    reps = [FakeWeightReceiver("a"), FakeWeightReceiver("b")]
     rep = run_async(push_weights_async(sd, reps, version=7, bucket_bytes=1500, transport="node_shm"))
     assert rep.num_buckets > 2 and rep.transport == "node_shm"
     assert rep.per_replica_transport == {"a": "node_shm", "b": "node_shm"}
@@ -186,18 +147,18 @@ def test_node_staging_push_is_written_once_and_verified_per_replica(run_async) -
 def test_node_staging_corruption_fails_every_replica_reading_it(run_async) -> None:
     sd = _state(6)
 
-    def flip(staging: NodeStaging, index: int, offset: int, nbytes: int) -> None:
+    def flip(staging: SharedStaging, index: int, offset: int, nbytes: int) -> None:
         if index == 0:
             staging.view()[offset + nbytes - 3] ^= 0x01  # inside the last tensor's data of bucket 0
 
-    reps = [_ShmReplica("a"), _ShmReplica("b")]
-    with pytest.raises(WeightSyncError) as err:
-        run_async(push_weights_async(sd, reps, version=8, bucket_bytes=1500, transport="node_shm", staging_hook=flip))
+    reps = [FakeWeightReceiver("a"), FakeWeightReceiver("b")]
+    with pytest.raises(WeightSyncError) as err, seam.installed(staging_hook=flip):
+        run_async(push_weights_async(sd, reps, version=8, bucket_bytes=1500, transport="node_shm"))
     assert set(err.value.failures) == {"a", "b"} and "checksum mismatch" in err.value.failures["a"]
 
 
 def test_node_shm_transport_names_a_replica_that_cannot_map_the_file(run_async) -> None:
-    reps = [_ShmReplica("near"), _ShmReplica("far", can_attach=False)]
+    reps = [FakeWeightReceiver("near"), FakeWeightReceiver("far", can_attach=False)]
     with pytest.raises(WeightSyncError) as err:
         run_async(push_weights_async(_state(), reps, version=9, transport="node_shm"))
     assert set(err.value.failures) == {"far"}
@@ -209,34 +170,20 @@ def test_node_shm_transport_names_a_replica_that_cannot_map_the_file(run_async) 
 def test_staged_push_writes_every_bucket_before_any_replica_pauses(run_async) -> None:
     sd = _state(7)
     events: list[str] = []
-    reps = [_ShmReplica("a"), _ShmReplica("b")]
-    for r in reps:
-        orig = r.call
-
-        async def logged(method: str, *args: Any, _orig: Any = orig, _rid: str = r.replica_id) -> Any:
-            events.append(f"{_rid}:{method}")
-            return await _orig(method, *args)
-
-        r.call = logged  # type: ignore[method-assign]
+    reps = [FakeWeightReceiver("a", events=events), FakeWeightReceiver("b", events=events)]
 
     async def on_commit() -> None:
         events.append("on_commit")
 
-    def wrote(staging: NodeStaging, index: int, offset: int, nbytes: int) -> None:
+    def wrote(staging: SharedStaging, index: int, offset: int, nbytes: int) -> None:
         events.append(f"wrote:{index}")
 
-    rep = run_async(
-        push_weights_async(
-            sd,
-            reps,
-            version=3,
-            bucket_bytes=1500,
-            transport="node_shm",
-            staged=True,
-            on_commit=on_commit,
-            staging_hook=wrote,
+    with seam.installed(staging_hook=wrote):
+        rep = run_async(
+            push_weights_async(
+                sd, reps, version=3, bucket_bytes=1500, transport="node_shm", staged=True, on_commit=on_commit
+            )
         )
-    )
     assert set(rep.replica_checksums.values()) == {checksum_state(sd)}
     commit = events.index("on_commit")
     assert events.count("on_commit") == 1
@@ -254,32 +201,24 @@ def test_unknown_transport_is_rejected(run_async) -> None:
         run_async(push_weights_async(_state(), [], version=1, transport="nfs"))
 
 
-def test_node_staging_is_reused_and_removed(tmp_path) -> None:
-    import os
+def test_the_seam_defaults_to_no_op_hooks_and_restores_them() -> None:
+    """The push's only test entry point: hooks are off by default, set for a block, then restored."""
+    import inspect
 
-    st = NodeStaging(str(tmp_path))
-    st.ensure(10_000)
-    first = st.path
-    st.ensure(5_000)  # big enough: same file
-    assert st.path == first and os.path.exists(first)
-    st.ensure(3 << 20)  # grows: a new file replaces the old one
-    assert st.path != first and not os.path.exists(first) and st.size >= 3 << 20
-    second = st.path
-    assert os.stat(second).st_mode & 0o777 == 0o600  # never readable by another user
-    st.close()
-    assert not os.path.exists(second)
+    assert not {"bucket_hook", "staging_hook"} & set(inspect.signature(push_weights_async).parameters)
+    b = make_bucket(list(_state().items()))
+    defaults = PushHooks()
+    assert defaults.bucket_hook("r0", b) is b and defaults.staging_hook(None, 0, 0, 0) is None  # type: ignore[arg-type]
+    before = seam.bucket_hook
 
+    def hook(rid: str, bucket: WeightBucket) -> WeightBucket:
+        return bucket
 
-def test_node_staging_defaults_to_the_runs_private_directory(tmp_path, monkeypatch) -> None:
-    import os
-
-    run_staging = tmp_path / "lhr-0-run"
-    run_staging.mkdir(mode=0o700)
-    monkeypatch.setenv("LHR_STAGING_DIR", str(run_staging))
-    st = NodeStaging()
-    st.ensure(1)
-    assert os.path.dirname(st.path) == str(run_staging)
-    st.close()
+    with seam.installed(bucket_hook=hook) as hooks:
+        assert hooks is seam and seam.bucket_hook is hook
+    assert seam.bucket_hook is before
+    with pytest.raises(TypeError, match="no hook"), seam.installed(bucket_hok=hook):
+        pass
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -397,7 +336,7 @@ def test_layerwise_reload_fallback_matches_transformers(
     """``direct_reload=False`` (what runs where the direct path is not exact: GPU, quantized models): vLLM's own
     layer-wise reload, same parity and checksums."""
     from lightning_hybrid_rollout.rollout.replica import ReplicaSpec
-    from lightning_hybrid_rollout.rollout.vllm_engine import VLLMEngineConfig
+    from lightning_hybrid_rollout.rollout.vllm.config import VLLMEngineConfig
 
     cfg = VLLMEngineConfig(
         model=str(tiny_model_dir),
@@ -430,21 +369,20 @@ def test_corrupted_push_is_detected_and_named(vllm_replicas, tiny_hf_model, hf_r
 
     async def go() -> tuple[WeightSyncError, WeightSyncError, Any]:
         # a linear weight (repacked by vLLM on CPU, so only the checksum can see it) corrupted for r1 only
-        with pytest.raises(WeightSyncError) as err:
-            hook = _flip_one_byte("r1", "layers.0.mlp.down_proj")
-            await push_weights_async(state, vllm_replicas, version=301, bucket_hook=hook)
+        flip_r1 = _flip_one_byte("r1", "layers.0.mlp.down_proj")
+        with pytest.raises(WeightSyncError) as err, seam.installed(bucket_hook=flip_r1):
+            await push_weights_async(state, vllm_replicas, version=301)
         # the embedding (kept materialized by vLLM) corrupted for r0: the engine's read-back refuses the load
-        with pytest.raises(WeightSyncError) as err2:
-            hook = _flip_one_byte("r0", "embed_tokens")
-            await push_weights_async(state, vllm_replicas, version=302, bucket_hook=hook)
+        with pytest.raises(WeightSyncError) as err2, seam.installed(bucket_hook=_flip_one_byte("r0", "embed_tokens")):
+            await push_weights_async(state, vllm_replicas, version=302)
+
         # the shared node staging file corrupted after the trainer wrote it: every replica reading it refuses it
-        with pytest.raises(WeightSyncError) as err3:
+        def flip(staging: SharedStaging, index: int, offset: int, nbytes: int) -> None:
+            if index == 0:
+                staging.view()[offset + nbytes // 2] ^= 0x10
 
-            def flip(staging: Any, index: int, offset: int, nbytes: int) -> None:
-                if index == 0:
-                    staging.view()[offset + nbytes // 2] ^= 0x10
-
-            await push_weights_async(state, vllm_replicas, version=304, staging_hook=flip)
+        with pytest.raises(WeightSyncError) as err3, seam.installed(staging_hook=flip):
+            await push_weights_async(state, vllm_replicas, version=304)
         healed = await push_weights_async(state, vllm_replicas, version=305)  # a clean push repairs both
         return err.value, err2.value, err3.value, healed
 
@@ -464,8 +402,8 @@ def test_missing_tensor_is_detected_by_the_engine(vllm_replicas, tiny_hf_model, 
     state = hf_reference.perturbed_state(tiny_hf_model, seed=24)
 
     async def go() -> tuple[WeightSyncError, Any]:
-        with pytest.raises(WeightSyncError) as err:
-            await push_weights_async(state, vllm_replicas, version=401, bucket_hook=_drop_tensor("r0", "layers.1.mlp"))
+        with pytest.raises(WeightSyncError) as err, seam.installed(bucket_hook=_drop_tensor("r0", "layers.1.mlp")):
+            await push_weights_async(state, vllm_replicas, version=401)
         with pytest.raises(Exception, match="unknown state"):
             await vllm_replicas[0].weights_checksum()
         healed = await push_weights_async(state, vllm_replicas, version=402)
@@ -499,7 +437,7 @@ def test_update_aborts_inflight_and_versions_segments(vllm_replicas, tiny_hf_mod
 
 
 def test_nccl_bucket_layout() -> None:
-    from lightning_hybrid_rollout.rollout.weight_sync import NcclWeightBroadcaster
+    from lightning_hybrid_rollout.rollout.weights.transports import NcclWeightBroadcaster
 
     sd = _state()
     meta = NcclWeightBroadcaster.describe(list(sd.items()))
@@ -522,8 +460,8 @@ def test_gpu_ipc_and_nccl_pushes(ray_runtime, tiny_model_dir, tiny_hf_model, hf_
     import socket
 
     from lightning_hybrid_rollout.rollout.replica import ReplicaSpec
-    from lightning_hybrid_rollout.rollout.vllm_engine import VLLMEngineConfig
-    from lightning_hybrid_rollout.rollout.weight_sync import (
+    from lightning_hybrid_rollout.rollout.vllm.config import VLLMEngineConfig
+    from lightning_hybrid_rollout.rollout.weights.transports import (
         NcclWeightBroadcaster,
         push_weights_cuda_ipc_async,
         push_weights_nccl_async,
@@ -543,7 +481,7 @@ def test_gpu_ipc_and_nccl_pushes(ray_runtime, tiny_model_dir, tiny_hf_model, hf_
     async def go() -> list[list[int]]:
         rep = await push_weights_cuda_ipc_async(cuda_state, [hybrid], version=1)
         assert rep.replica_checksums["gpu-hybrid"] == checksum_state(state)
-        join = asyncio.ensure_future(standalone.call("init_nccl_group", "127.0.0.1", port, 1, 2))
+        join = asyncio.ensure_future(standalone.init_nccl_group("127.0.0.1", port, 1, 2))
         bc = await asyncio.to_thread(NcclWeightBroadcaster, "127.0.0.1", port, 2, 0)
         await join
         rep = await push_weights_nccl_async(bc, cuda_state, [standalone], version=1)
