@@ -65,8 +65,9 @@ async def bench(args: argparse.Namespace, model_dir: Path, rt: Any) -> None:
 
     from lightning_hybrid_rollout.rollout.engine import SamplingSpec
     from lightning_hybrid_rollout.rollout.replica import ReplicaSpec
-    from lightning_hybrid_rollout.rollout.vllm_engine import VLLMEngineConfig
-    from lightning_hybrid_rollout.rollout.weight_sync import checksum_state, push_weights_async
+    from lightning_hybrid_rollout.rollout.vllm.config import VLLMEngineConfig
+    from lightning_hybrid_rollout.rollout.weights.format import checksum_state
+    from lightning_hybrid_rollout.rollout.weights.push import push_weights_async
 
     cfg = VLLMEngineConfig(
         model=str(model_dir), kv_cache_memory_bytes=64 * 2**20, max_model_len=256, run_dir=str(args.out / "run")
