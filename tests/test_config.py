@@ -95,6 +95,32 @@ def test_derived_counts_is_the_one_formula_behind_the_properties():
         C.derived_counts(64, 4, 0.1)  # type: ignore[misc]
 
 
+def _staleness_arithmetic(path: Path) -> list[str]:
+    """``file:line`` of each arithmetic expression with ``staleness_threshold`` as an operand in ``path``."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.BinOp):
+            for side in (node.left, node.right):
+                names = {n.attr for n in ast.walk(side) if isinstance(n, ast.Attribute)}
+                names |= {n.id for n in ast.walk(side) if isinstance(n, ast.Name)}
+                if "staleness_threshold" in names:
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    return sorted(set(found))
+
+
+def test_only_derived_counts_computes_from_the_staleness_threshold():
+    # the runtime (rollout/, lightning/) and the simulator (sim/) read the counts from the config; a second formula
+    # elsewhere would let the queue bound or the policy's buffer drift apart between them
+    package = REPO / "lightning_hybrid_rollout"
+    offenders = [
+        hit for path in sorted(package.rglob("*.py")) if path.name != "config.py" for hit in _staleness_arithmetic(path)
+    ]
+    assert offenders == [], f"compute the counts with config.derived_counts instead: {offenders}"
+    assert _staleness_arithmetic(package / "config.py")  # the check sees the formula where it is
+
+
 def test_rollout_capacity_from_the_whole_config():
     cfg = HybridRolloutConfig()  # s = 16, max_required_samples = 281
     assert cfg.rollout_capacity(1) == 16  # min(1 · 16, 281)

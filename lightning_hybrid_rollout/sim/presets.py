@@ -1,4 +1,8 @@
-"""Named scenarios (``lhr simulate --preset NAME``). See docs/simulator.md for where each number comes from."""
+"""Named scenarios (``lhr simulate --preset NAME``). See docs/simulator.md for where each number comes from.
+
+Each is the plain data of a scenario YAML file: the workload in the scenario's ``async_training`` section and each run's
+policy and options in its own (the keys of :class:`~lightning_hybrid_rollout.config.AsyncTrainingConfig`).
+"""
 
 from __future__ import annotations
 
@@ -15,9 +19,7 @@ def _seed() -> dict:
         "name": "seed",
         "description": "seed §5: 32 devices, static 16+16 and 8+24 vs dynamic 16+16 with hybrid replicas",
         "steps": 40,
-        "required_samples": 128,
-        "trigger_parameter_sync_step": 4,
-        "staleness_threshold": 0.5,
+        "async_training": {"mini_batch_size": 128, "trigger_parameter_sync_step": 4, "staleness_threshold": 0.5},
         "concurrent_samples_per_replica": 16,
         "seed": 0,
         "lengths": {
@@ -40,65 +42,47 @@ def _seed() -> dict:
         "runs": [
             {"name": "static_16_16", "train_devices": 16, "rollout_devices": 16},
             {"name": "static_8_24", "train_devices": 8, "rollout_devices": 24},
-            {
-                "name": "dynamic_default",
-                "train_devices": 16,
-                "rollout_devices": 16,
-                "hybrid": True,
-                "policy": "default",
-                "policy_kwargs": {"deactivate_ratio": 0.3},
-            },
-            {
-                "name": "dynamic_rate_matched",
-                "train_devices": 16,
-                "rollout_devices": 16,
-                "hybrid": True,
-                "policy": "rate_matched",
-            },
-            {
-                "name": "dynamic_rate_matched_overlap",
-                "train_devices": 16,
-                "rollout_devices": 16,
-                "hybrid": True,
-                "policy": "rate_matched",
-                "sequencing": "overlap_sync",
-            },
-            {
-                "name": "dynamic_default_overlap",
-                "train_devices": 16,
-                "rollout_devices": 16,
-                "hybrid": True,
-                "policy": "default",
-                "sequencing": "overlap_sync",
-            },
+            _dynamic("dynamic_default", 16, 16, "default", dynamic_schedule_deactivate_ratio=0.3),
+            _dynamic("dynamic_rate_matched", 16, 16, "rate_matched"),
+            _dynamic("dynamic_rate_matched_overlap", 16, 16, "rate_matched", overlap_sync=True),
+            _dynamic("dynamic_default_overlap", 16, 16, "default", overlap_sync=True),
             *_improved_runs(16, 16),
         ],
     }
 
 
-def _improved_runs(train: int, rollout: int) -> list[dict]:
-    """``rate_matched`` + ``overlap_sync`` + rebalance off + the runtime options (docs/simulator.md)."""
-    base = {
+def _dynamic(name: str, train: int, rollout: int, policy: str, **async_training: object) -> dict:
+    """A run with hybrid replicas: ``policy`` and the run's other ``async_training`` changes."""
+    return {
+        "name": name,
         "train_devices": train,
         "rollout_devices": rollout,
         "hybrid": True,
-        "policy": "rate_matched",
-        "sequencing": "overlap_sync",
-        "enable_rebalance": False,
-        "early_first_sync": True,
+        "async_training": {"dynamic_schedule_policy": policy, **async_training},
     }
+
+
+def _improved_runs(train: int, rollout: int) -> list[dict]:
+    """``rate_matched`` + ``overlap_sync`` + rebalance off + the runtime options (docs/simulator.md)."""
+    base = {"overlap_sync": True, "dynamic_schedule_enable_rebalance": False, "early_first_sync": True}
     return [
-        {"name": "dynamic_rate_matched_overlap_early", **base},
-        {"name": "dynamic_rate_matched_overlap_early_staged", **base, "staged_standalone_sync": True},
+        _dynamic("dynamic_rate_matched_overlap_early", train, rollout, "rate_matched", **base),
+        _dynamic(
+            "dynamic_rate_matched_overlap_early_staged",
+            train,
+            rollout,
+            "rate_matched",
+            **base,
+            staged_standalone_sync=True,
+        ),
     ]
 
 
 def _dynamic_runs(train: int, rollout: int) -> list[dict]:
-    base = {"train_devices": train, "rollout_devices": rollout, "hybrid": True}
     return [
-        {"name": "dynamic_default", **base, "policy": "default", "policy_kwargs": {"deactivate_ratio": 0.3}},
-        {"name": "dynamic_rate_matched", **base, "policy": "rate_matched"},
-        {"name": "dynamic_rate_matched_overlap", **base, "policy": "rate_matched", "sequencing": "overlap_sync"},
+        _dynamic("dynamic_default", train, rollout, "default", dynamic_schedule_deactivate_ratio=0.3),
+        _dynamic("dynamic_rate_matched", train, rollout, "rate_matched"),
+        _dynamic("dynamic_rate_matched_overlap", train, rollout, "rate_matched", overlap_sync=True),
         *_improved_runs(train, rollout),
     ]
 

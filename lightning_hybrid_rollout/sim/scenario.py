@@ -2,7 +2,16 @@
 
 A scenario is plain data (a YAML file or a preset from :mod:`lightning_hybrid_rollout.sim.presets`). Everything a
 run's time depends on is here, so two runs of one scenario differ only in what their :class:`RunSpec` says: the
-split of devices, whether hybrid replicas exist, the policy and the sequencing.
+split of devices, whether hybrid replicas exist, and the run's own changes to the scenario's ``async_training``
+(the policy, rebalance, the sequencing and the runtime options).
+
+The training side is the runtime's own :class:`~lightning_hybrid_rollout.config.AsyncTrainingConfig`, declared and
+checked once: the scenario's ``async_training`` section (the workload: ``mini_batch_size``,
+``trigger_parameter_sync_step``, ``staleness_threshold``, and every run's default policy and options) and each run's
+``async_training`` changes (:data:`RUN_KEYS`), with the config's keys, defaults and one-line errors. The derived
+counts (``required_samples``, ``max_required_samples``, ``buffer_samples``, ...) come from
+:func:`lightning_hybrid_rollout.config.derived_counts`. The old flat keys (``required_samples``, a run's ``policy``,
+``sequencing``, ...) are refused with the new spelling.
 
 Units: seconds, tokens, devices. A *sample* is what the message queue counts (``required_samples`` per micro
 fit-step); with ``group_size > 1`` samples are admitted and delivered in groups of that size (one prompt's
@@ -13,15 +22,21 @@ Example::
 
     from lightning_hybrid_rollout.sim.scenario import Scenario
 
-    sc = Scenario.from_dict({"name": "tiny", "steps": 3, "runs": [
-        {"name": "static_4_4", "train_devices": 4, "rollout_devices": 4}]})
-    assert sc.step_required_samples == sc.required_samples * sc.trigger_parameter_sync_step
+    sc = Scenario.from_dict({"name": "tiny", "steps": 3, "async_training": {"mini_batch_size": 8}, "runs": [
+        {"name": "static_4_4", "train_devices": 4, "rollout_devices": 4},
+        {"name": "dynamic_4_4", "train_devices": 4, "rollout_devices": 4, "hybrid": True,
+         "async_training": {"dynamic_schedule_policy": "rate_matched", "overlap_sync": True}}]})
+    assert sc.step_required_samples == sc.required_samples * sc.trigger_parameter_sync_step == 32
+    assert sc.run("dynamic_4_4").sequencing == "overlap_sync" and sc.run("static_4_4").policy is None
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import difflib
 import itertools
+import json
 import math
 import os
 from collections.abc import Mapping
@@ -29,9 +44,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lightning_hybrid_rollout.config import AsyncTrainingConfig, ConfigError, DerivedCounts
 from lightning_hybrid_rollout.errors import ScenarioError as ScenarioError  # re-exported
 
 __all__ = [
+    "RUN_KEYS",
     "SEQUENCINGS",
     "LengthModel",
     "ReplicaModel",
@@ -42,7 +59,7 @@ __all__ = [
     "TrainerModel",
 ]
 
-#: Named sequencings of the trainer's sync boundary (see :class:`RunSpec`).
+#: Named sequencings of the trainer's sync boundary: :attr:`RunSpec.sequencing` (``async_training.overlap_sync``).
 SEQUENCINGS: tuple[str, ...] = ("seed", "overlap_sync")
 
 
@@ -282,78 +299,148 @@ class SwitchCosts:
 
 @dataclass
 class RunSpec:
-    """One run of a scenario.
+    """One run of a scenario: a device split, whether hybrid replicas exist, and its own ``async_training`` changes.
+
+    Everything else a run's schedule depends on is the scenario's :class:`~lightning_hybrid_rollout.config.
+    AsyncTrainingConfig`: a run names only what it changes, by the config's own keys (:data:`RUN_KEYS`), and
+    :attr:`config` is the result (the config a real run of this split would train with). The attributes the
+    simulator reads (:attr:`policy`, :attr:`policy_kwargs`, :attr:`enable_rebalance`, :attr:`sequencing`,
+    :attr:`early_first_sync`, :attr:`staged_standalone_sync`) are read-only views of it. A run takes the scenario's
+    config when a :class:`Scenario` holds it (a loose ``RunSpec`` resolves against the config's defaults).
+
+    How the simulator models the keys a run may set:
+
+    * ``dynamic_schedule_policy``, ``dynamic_schedule_deactivate_ratio``, ``dynamic_schedule_policy_kwargs``: the
+      policy, built as the runtime builds it (used only with ``hybrid``; reported as null otherwise).
+    * ``dynamic_schedule_enable_rebalance``: the controller's rebalance after an activation.
+    * ``overlap_sync`` (:attr:`sequencing` ``"overlap_sync"``; false = ``"seed"``): false, the standalone sync, then
+      wake → hybrid sync → add → resume, all on the trainer's critical path; true, the policy is asked before the
+      standalone sync, as verl does, and if it will activate, the hybrid wake-up and then the hybrid weight sync run
+      concurrently with the standalone sync; the controller's activation then finds the replicas awake with current
+      weights and only adds and resumes them.
+    * ``early_first_sync`` (runtime option, off = the seed's cadence): the first weight sync comes after the first
+      micro fit-step instead of after ``trigger_parameter_sync_step`` of them, and the second after the
+      ``trigger_parameter_sync_step``-th, so later syncs fall where they always do: the same micro-steps and one
+      more sync (version). A policy that measures before it activates decides after one measured step instead of a
+      whole cycle. The length model follows training progress (micro-steps), not versions.
+    * ``staged_standalone_sync`` (runtime option, off = the seed's sync, standalone generation paused for all of
+      ``switch.standalone_sync_s``): the weights are staged on the standalone replicas' side while they keep
+      generating; they pause only for the last ``switch.standalone_commit_s`` of the sync to load them (the commit;
+      with ``standalone_sync_aborts`` their requests are aborted there). The trainer is blocked for
+      ``standalone_sync_s`` either way.
+    * ``use_dynamic_resource_scheduling``: must stay true for a ``hybrid`` run (as the config's own check).
 
     Args:
         name: Unique within the scenario (e.g. ``static_16_16``, ``dynamic_default``).
         train_devices: Devices the trainer owns (and lends to hybrid replicas, if ``hybrid``).
-        rollout_devices: Devices of standalone replicas (a multiple of the replica size; 0 = colocated).
+        rollout_devices: Devices of standalone replicas (a multiple of the replica size; 0 = colocated, which sets
+            the config's ``only_hybrid``).
         hybrid: Whether hybrid replicas live on the trainer's devices.
-        policy: Registered policy name (required when ``hybrid``; ignored otherwise, reported as null).
-        policy_kwargs: Constructor arguments of the policy (e.g. ``deactivate_ratio``).
-        enable_rebalance: ``dynamic_schedule_enable_rebalance``.
-        sequencing: ``"seed"`` (standalone sync, then wake → hybrid sync → add → resume, all on the trainer's
-            critical path) or ``"overlap_sync"`` (the policy is asked before the standalone sync, as verl does, and
-            if it will activate, the hybrid wake-up and then the hybrid weight sync run concurrently with the
-            standalone sync; the controller's activation then finds the replicas awake with current weights and only
-            adds and resumes them).
-        early_first_sync: Runtime option (off = the seed's cadence). The first weight sync comes after the first
-            micro fit-step instead of after ``trigger_parameter_sync_step`` of them, and the second after the
-            ``trigger_parameter_sync_step``-th, so later syncs fall where they always do: the same micro-steps and
-            one more sync (version). A policy that measures before it activates decides after one measured step
-            instead of a whole cycle. The length model follows training progress (micro-steps), not versions.
-        staged_standalone_sync: Runtime option (off = the seed's sync, standalone generation paused for all of
-            ``switch.standalone_sync_s``). The weights are staged on the standalone replicas' side while they keep
-            generating; they pause only for the last ``switch.standalone_commit_s`` of the sync to load them (the
-            commit; with ``standalone_sync_aborts`` their requests are aborted there). The trainer is blocked for
-            ``standalone_sync_s`` either way.
-        standalone_sync_aborts: Fidelity option, on by default because the runtime does it: when the standalone
-            replicas pause for their weight sync (``VLLMEngine.begin_weight_update`` → ``_abort_all``) their
-            requests in flight are aborted and the rollouter re-sends them with their generated prefix (partial
-            rollout), paying the re-prefill (``switch.resume_prefill_ratio``). The pause, and so the abort, starts
-            the sync with the seed's sequencing and comes at the commit with ``staged_standalone_sync`` (the
-            replicas keep generating while the buckets are staged). Off: a what-if in which the pause keeps the
+        async_training: This run's changes to the scenario's ``async_training`` section (keys of :data:`RUN_KEYS`).
+        standalone_sync_aborts: Fidelity option of the simulator (no config key: the runtime always does it), on by
+            default: when the standalone replicas pause for their weight sync (``VLLMEngine.begin_weight_update`` →
+            ``_abort_all``) their requests in flight are aborted and the rollouter re-sends them with their generated
+            prefix (partial rollout), paying the re-prefill (``switch.resume_prefill_ratio``). The pause, and so the
+            abort, starts the sync with the seed's sequencing and comes at the commit with ``staged_standalone_sync``
+            (the replicas keep generating while the buckets are staged). Off: a what-if in which the pause keeps the
             requests (vLLM ``pause_generation(mode="keep")``), which no runtime here implements.
+
+    Example::
+
+        run = RunSpec("dynamic", 16, 16, hybrid=True, async_training={"dynamic_schedule_policy": "rate_matched"})
+        assert run.policy == "rate_matched" and run.sequencing == "seed" and run.enable_rebalance
     """
 
     name: str
     train_devices: int
     rollout_devices: int
     hybrid: bool = False
-    policy: str | None = None
-    policy_kwargs: dict[str, Any] = field(default_factory=dict)
-    enable_rebalance: bool = True
-    sequencing: str = "seed"
-    early_first_sync: bool = False
-    staged_standalone_sync: bool = False
+    async_training: dict[str, Any] = field(default_factory=dict)
     standalone_sync_aborts: bool = True
 
     def __post_init__(self) -> None:
         _check(
             isinstance(self.name, str) and bool(self.name), f"run name must be a non-empty string, got {self.name!r}"
         )
-        self.train_devices = _int(self.train_devices, f"runs[{self.name}].train_devices", minimum=1)
-        self.rollout_devices = _int(self.rollout_devices, f"runs[{self.name}].rollout_devices")
+        where = f"runs[{self.name}]"
+        self.train_devices = _int(self.train_devices, f"{where}.train_devices", minimum=1)
+        self.rollout_devices = _int(self.rollout_devices, f"{where}.rollout_devices")
         self.hybrid = bool(self.hybrid)
-        self.early_first_sync = bool(self.early_first_sync)
-        self.staged_standalone_sync = bool(self.staged_standalone_sync)
         self.standalone_sync_aborts = bool(self.standalone_sync_aborts)
-        if self.hybrid:
-            _check(
-                isinstance(self.policy, str) and bool(self.policy),
-                f"runs[{self.name}]: hybrid=true needs a policy name (e.g. 'default'), got {self.policy!r}",
-            )
-        else:
-            self.policy = None
+        if not self.hybrid:
             _check(
                 self.rollout_devices > 0,
-                f"runs[{self.name}]: without hybrid replicas rollout_devices must be > 0 (nothing would generate)",
+                f"{where}: without hybrid replicas rollout_devices must be > 0 (nothing would generate)",
             )
-        _check(isinstance(self.policy_kwargs, dict), f"runs[{self.name}].policy_kwargs must be a mapping")
         _check(
-            self.sequencing in SEQUENCINGS,
-            f"runs[{self.name}].sequencing must be one of {list(SEQUENCINGS)}, got {self.sequencing!r}",
+            isinstance(self.async_training, Mapping),
+            f"{where}.async_training must be a mapping of async_training keys to values, got {self.async_training!r}",
         )
+        self.async_training = copy.deepcopy(dict(self.async_training))
+        for key in self.async_training:
+            _check(isinstance(key, str) and key in _CONFIG_KEYS, _unknown_key(f"{where}.async_training", key))
+            _check(key in RUN_KEYS, f"{where}.async_training.{key} is not a run's own key: {_not_per_run(key)}.")
+        self._config: AsyncTrainingConfig | None = None
+
+    def _bound(self, base: AsyncTrainingConfig) -> RunSpec:
+        """A copy of this run whose :attr:`config` is ``base`` with this run's changes (validated)."""
+        run = dataclasses.replace(self)
+        run._config = run._resolve(base)
+        return run
+
+    def _resolve(self, base: AsyncTrainingConfig) -> AsyncTrainingConfig:
+        try:
+            cfg = dataclasses.replace(base, **self.async_training, only_hybrid=self.rollout_devices == 0)
+        except ConfigError as err:
+            raise ScenarioError(f"runs[{self.name}]: {err}") from None
+        _check(
+            not self.hybrid or cfg.use_dynamic_resource_scheduling,
+            f"runs[{self.name}]: hybrid: true needs async_training.use_dynamic_resource_scheduling true, got false. "
+            f"Without scheduling the hybrid replicas never generate: set it true, or hybrid: false for plain "
+            f"fully-async.",
+        )
+        return cfg
+
+    # ------------------------------------------------------------------------------- views of the config
+
+    @property
+    def config(self) -> AsyncTrainingConfig:
+        """The run's ``async_training``: the scenario's with this run's changes (``only_hybrid`` = colocated)."""
+        if self._config is None:
+            self._config = self._resolve(AsyncTrainingConfig())
+        return self._config
+
+    @property
+    def policy(self) -> str | None:
+        """``async_training.dynamic_schedule_policy`` with hybrid replicas; None without (nothing to schedule)."""
+        return self.config.dynamic_schedule_policy if self.hybrid else None
+
+    @property
+    def policy_kwargs(self) -> dict[str, Any]:
+        """The policy's constructor arguments besides ``only_hybrid``, as the runtime passes them:
+        ``deactivate_ratio`` (``dynamic_schedule_deactivate_ratio``) and ``dynamic_schedule_policy_kwargs``."""
+        cfg = self.config
+        return {"deactivate_ratio": cfg.dynamic_schedule_deactivate_ratio, **cfg.dynamic_schedule_policy_kwargs}
+
+    @property
+    def enable_rebalance(self) -> bool:
+        """``async_training.dynamic_schedule_enable_rebalance``."""
+        return self.config.dynamic_schedule_enable_rebalance
+
+    @property
+    def sequencing(self) -> str:
+        """``"overlap_sync"`` with ``async_training.overlap_sync``, else ``"seed"`` (one of :data:`SEQUENCINGS`)."""
+        return "overlap_sync" if self.config.overlap_sync else "seed"
+
+    @property
+    def early_first_sync(self) -> bool:
+        """``async_training.early_first_sync``."""
+        return self.config.early_first_sync
+
+    @property
+    def staged_standalone_sync(self) -> bool:
+        """``async_training.staged_standalone_sync``."""
+        return self.config.staged_standalone_sync
 
     @property
     def devices(self) -> int:
@@ -369,10 +456,13 @@ class Scenario:
         name: Scenario name (reported in the JSON).
         description: One paragraph for humans.
         steps: Param versions (sync cycles) each run trains.
-        required_samples: Samples per micro fit-step (``ppo_mini_batch_size × require_batches``).
-        trigger_parameter_sync_step: Micro fit-steps per sync cycle.
-        staleness_threshold: ``max_required_samples = int(required × (1 + threshold) × trigger)`` (the queue bound
-            and the per-version admission budget).
+        async_training: The runs' :class:`~lightning_hybrid_rollout.config.AsyncTrainingConfig` (a mapping is read
+            with the config's own keys and checks). The workload part is the same for every run:
+            :attr:`required_samples` (``mini_batch_size × require_batches``) samples per micro fit-step,
+            ``trigger_parameter_sync_step`` micro fit-steps per sync cycle, and ``staleness_threshold``, which sets
+            :attr:`max_required_samples` (the queue bound and the per-version admission budget) and
+            :attr:`buffer_samples` (all from :func:`~lightning_hybrid_rollout.config.derived_counts`). The
+            scheduling keys are every run's defaults; a run changes them in its own ``async_training``.
         concurrent_samples_per_replica: Default replica concurrency cap.
         group_size: Samples admitted and delivered together (responses of one prompt).
         seed: Random seed of the length draws.
@@ -387,9 +477,7 @@ class Scenario:
     name: str
     description: str = ""
     steps: int = 20
-    required_samples: int = 32
-    trigger_parameter_sync_step: int = 4
-    staleness_threshold: float = 0.5
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     concurrent_samples_per_replica: int = 16
     group_size: int = 1
     seed: int = 0
@@ -406,11 +494,7 @@ class Scenario:
             f"scenario name must be a non-empty string, got {self.name!r}",
         )
         self.steps = _int(self.steps, "steps", minimum=1)
-        self.required_samples = _int(self.required_samples, "required_samples", minimum=1)
-        self.trigger_parameter_sync_step = _int(
-            self.trigger_parameter_sync_step, "trigger_parameter_sync_step", minimum=1
-        )
-        self.staleness_threshold = _num(self.staleness_threshold, "staleness_threshold")
+        self.async_training = _async_training(self.async_training)
         self.concurrent_samples_per_replica = _int(
             self.concurrent_samples_per_replica, "concurrent_samples_per_replica", minimum=1
         )
@@ -424,18 +508,15 @@ class Scenario:
         self.switch = _from_mapping(SwitchCosts, self.switch, "switch")
         runs = []
         for i, r in enumerate(self.runs):
-            runs.append(_from_mapping(RunSpec, r, f"runs[{i}]") if not isinstance(r, RunSpec) else r)
+            run = r if isinstance(r, RunSpec) else _run_from_mapping(r, i)
+            runs.append(run._bound(self.async_training))
         self.runs = runs
         names = [r.name for r in self.runs]
         _check(len(names) == len(set(names)), f"run names must be unique, got {names}")
         _check(
             self.required_samples % self.group_size == 0,
-            f"required_samples ({self.required_samples}) must be a multiple of group_size ({self.group_size})",
-        )
-        _check(
-            self.max_required_samples >= self.step_required_samples,
-            f"max_required_samples ({self.max_required_samples}) must be >= step_required_samples "
-            f"({self.step_required_samples})",
+            f"required_samples (async_training.mini_batch_size × require_batches = {self.required_samples}) must be "
+            f"a multiple of group_size ({self.group_size})",
         )
         for r in self.runs:
             self._check_run(r)
@@ -457,19 +538,39 @@ class Scenario:
     # ---------------------------------------------------------------------------------------------- derived
 
     @property
+    def derived_counts(self) -> DerivedCounts:
+        """The workload's sample counts (``async_training.derived_counts``)."""
+        return self.async_training.derived_counts
+
+    @property
+    def required_samples(self) -> int:
+        """Samples per micro fit-step: ``async_training.required_samples`` (``mini_batch_size × require_batches``)."""
+        return self.async_training.required_samples
+
+    @property
+    def trigger_parameter_sync_step(self) -> int:
+        """Micro fit-steps per sync cycle: ``async_training.trigger_parameter_sync_step``."""
+        return self.async_training.trigger_parameter_sync_step
+
+    @property
+    def staleness_threshold(self) -> float:
+        """``async_training.staleness_threshold``."""
+        return self.async_training.staleness_threshold
+
+    @property
     def step_required_samples(self) -> int:
         """Samples per sync cycle: ``required_samples × trigger_parameter_sync_step``."""
-        return self.required_samples * self.trigger_parameter_sync_step
+        return self.async_training.step_required_samples
 
     @property
     def max_required_samples(self) -> int:
         """``int(required × (1 + staleness_threshold) × trigger)`` (verl's expression): queue bound and budget."""
-        return int(self.required_samples * (self.staleness_threshold + 1) * self.trigger_parameter_sync_step)
+        return self.async_training.max_required_samples
 
     @property
     def buffer_samples(self) -> int:
-        """``int(step_required_samples × staleness_threshold)`` (as ``config.AsyncTrainingConfig``)."""
-        return int(self.step_required_samples * self.staleness_threshold)
+        """``int(step_required_samples × staleness_threshold)`` (``async_training.buffer_samples``)."""
+        return self.async_training.buffer_samples
 
     @property
     def hybrid_model(self) -> ReplicaModel:
@@ -488,13 +589,14 @@ class Scenario:
         raise KeyError(f"scenario {self.name!r} has no run {name!r}; runs: {[r.name for r in self.runs]}")
 
     def with_runs(self, runs: list[RunSpec]) -> Scenario:
-        """A copy with other runs."""
+        """A copy with other runs (each takes this scenario's ``async_training``)."""
         return dataclasses.replace(self, runs=list(runs))
 
     # ----------------------------------------------------------------------------------------------- (de)ser
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-data form (what :meth:`from_dict` and the YAML loader accept)."""
+        """Plain-data form (what :meth:`from_dict` and the YAML loader accept): the scenario's whole
+        ``async_training`` section, and each run's own changes to it."""
         return dataclasses.asdict(self)
 
     @classmethod
@@ -503,9 +605,17 @@ class Scenario:
 
         Args:
             data: A mapping with the fields of :class:`Scenario` (nested models as mappings).
+
+        Raises:
+            ScenarioError: a bad value, an unknown key, or a key of the old flat layout (``required_samples``, a
+                run's ``policy``, ...: the message gives the ``async_training`` spelling to write instead).
         """
         if not isinstance(data, Mapping):
             raise ScenarioError(f"a scenario must be a mapping, got {type(data).__name__}")
+        moved = {k: data[k] for k in _OLD_SCENARIO_KEYS if k in data}
+        if moved:
+            new = {_OLD_SCENARIO_KEYS[k]: v for k, v in moved.items()}
+            raise ScenarioError(_moved("scenario", moved, new, "the scenario's async_training section"))
         return _from_mapping(cls, data, "scenario")
 
     @classmethod
@@ -526,3 +636,123 @@ class Scenario:
             return cls.from_dict(data)
         except TypeError as err:
             raise ScenarioError(f"{path}: {err}") from err
+
+
+# ----------------------------------------------------------------------------------------- async_training keys
+
+_CONFIG_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AsyncTrainingConfig))
+
+#: The ``async_training`` keys a run may change (the others describe the workload: one value per scenario).
+RUN_KEYS: tuple[str, ...] = (
+    "use_dynamic_resource_scheduling",
+    "dynamic_schedule_policy",
+    "dynamic_schedule_deactivate_ratio",
+    "dynamic_schedule_policy_kwargs",
+    "dynamic_schedule_enable_rebalance",
+    "overlap_sync",
+    "early_first_sync",
+    "staged_standalone_sync",
+)
+
+#: The workload keys: the same for every run of a scenario (the trainer's batches, the cadence, the staleness).
+_WORKLOAD_KEYS: tuple[str, ...] = (
+    "mini_batch_size",
+    "require_batches",
+    "trigger_parameter_sync_step",
+    "staleness_threshold",
+)
+
+_SCENARIO_WIDE = "the simulator models it for the whole scenario: set it in the scenario's async_training section"
+
+#: The config keys the simulator does not let differ from their defaults, and why.
+_UNMODELLED: dict[str, str] = {
+    "only_hybrid": "it follows each run's split (rollout_devices: 0 is colocated): drop the key",
+    "partial_rollout": "the simulator models partial rollout only (aborted requests resume from their prefix)",
+}
+
+#: The old flat scenario keys and their ``async_training`` names.
+_OLD_SCENARIO_KEYS: dict[str, str] = {
+    "required_samples": "mini_batch_size",
+    "trigger_parameter_sync_step": "trigger_parameter_sync_step",
+    "staleness_threshold": "staleness_threshold",
+}
+_OLD_RUN_KEYS: tuple[str, ...] = (
+    "policy",
+    "policy_kwargs",
+    "enable_rebalance",
+    "sequencing",
+    "early_first_sync",
+    "staged_standalone_sync",
+)
+
+
+def _not_per_run(key: str) -> str:
+    if key in _WORKLOAD_KEYS:
+        return _SCENARIO_WIDE
+    return _UNMODELLED.get(key, "the simulator does not model it")
+
+
+def _unknown_key(where: str, key: Any) -> str:
+    close = difflib.get_close_matches(str(key), RUN_KEYS, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return f"{where} has no key {key!r}.{hint} A run may set: {', '.join(RUN_KEYS)}."
+
+
+def _async_training(value: Any) -> AsyncTrainingConfig:
+    """The scenario's section as an :class:`AsyncTrainingConfig` (its own checks), refusing what is not modelled."""
+    if isinstance(value, Mapping):
+        try:
+            value = AsyncTrainingConfig.from_dict(value)
+        except ConfigError as err:
+            raise ScenarioError(str(err)) from None
+    _check(
+        isinstance(value, AsyncTrainingConfig),
+        f"async_training must be a mapping of the config's keys or an AsyncTrainingConfig, got {value!r}",
+    )
+    default = AsyncTrainingConfig()
+    for key in _CONFIG_KEYS:
+        if key in RUN_KEYS or key in _WORKLOAD_KEYS or getattr(value, key) == getattr(default, key):
+            continue
+        why = _UNMODELLED.get(key, "the simulator does not model it: leave it at its default")
+        seen, default_value = (json.dumps(v, default=str) for v in (getattr(value, key), getattr(default, key)))
+        raise ScenarioError(f"async_training.{key} must be {default_value} in a scenario, got {seen}: {why}.")
+    return value
+
+
+def _flow(mapping: Mapping[str, Any]) -> str:
+    """``{key: value, ...}`` in YAML flow style (values as JSON, which YAML reads)."""
+    return "{" + ", ".join(f"{k}: {json.dumps(v, default=str)}" for k, v in mapping.items()) + "}"
+
+
+def _moved(where: str, old: Mapping[str, Any], new: Mapping[str, Any], section: str) -> str:
+    return (
+        f"{where}: {', '.join(old)} moved into {section} under the config's own names: write "
+        f'`async_training: {_flow(new)}` instead (docs/simulator.md, "Scenario files")'
+    )
+
+
+def _run_from_mapping(data: Any, index: int) -> RunSpec:
+    """A :class:`RunSpec` from plain data; the old flat keys are refused with their new spelling."""
+    if not isinstance(data, Mapping):
+        raise ScenarioError(f"runs[{index}] must be a mapping, got {type(data).__name__}")
+    moved = {k: data[k] for k in _OLD_RUN_KEYS if k in data}
+    if moved:
+        new: dict[str, Any] = {}
+        if "policy" in moved:
+            new["dynamic_schedule_policy"] = moved["policy"]
+        kwargs = dict(moved.get("policy_kwargs") or {})
+        kwargs.pop("only_hybrid", None)  # follows the split
+        if "deactivate_ratio" in kwargs:
+            new["dynamic_schedule_deactivate_ratio"] = kwargs.pop("deactivate_ratio")
+        if kwargs:
+            new["dynamic_schedule_policy_kwargs"] = kwargs
+        if "enable_rebalance" in moved:
+            new["dynamic_schedule_enable_rebalance"] = moved["enable_rebalance"]
+        if "sequencing" in moved:
+            new["overlap_sync"] = moved["sequencing"] == "overlap_sync"
+        for key in ("early_first_sync", "staged_standalone_sync"):
+            if key in moved:
+                new[key] = moved[key]
+        new = {**dict(data.get("async_training") or {}), **new}
+        raise ScenarioError(_moved(f"runs[{data.get('name', index)}]", moved, new, "the run's async_training section"))
+    return _from_mapping(RunSpec, data, f"runs[{index}]")

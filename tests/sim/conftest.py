@@ -9,14 +9,23 @@ import pytest
 from lightning_hybrid_rollout.sim import Scenario
 
 
+def dynamic_run(name: str, policy: str, train: int = 2, rollout: int = 2, **async_training: Any) -> dict[str, Any]:
+    """A run with hybrid replicas: its policy and its other ``async_training`` changes (the config's keys)."""
+    return {
+        "name": name,
+        "train_devices": train,
+        "rollout_devices": rollout,
+        "hybrid": True,
+        "async_training": {"dynamic_schedule_policy": policy, **async_training},
+    }
+
+
 def tiny_scenario(**overrides: Any) -> Scenario:
     """A 2+2-device scenario with short responses: four runs, a few cycles, well under a second."""
     data: dict[str, Any] = {
         "name": "tiny",
         "steps": 6,
-        "required_samples": 8,
-        "trigger_parameter_sync_step": 2,
-        "staleness_threshold": 0.5,
+        "async_training": {"mini_batch_size": 8, "trigger_parameter_sync_step": 2, "staleness_threshold": 0.5},
         "concurrent_samples_per_replica": 4,
         "lengths": {"mean_tokens": 200, "sigma": 0.5, "max_tokens": 2000, "prompt_tokens": 20},
         "replica": {"devices": 1, "tokens_per_s": 40.0, "batch_slowdown": 0.05},
@@ -24,22 +33,9 @@ def tiny_scenario(**overrides: Any) -> Scenario:
         "switch": {"standalone_sync_s": 1.0, "hybrid_sync_s": 0.5, "wake_s": 0.5, "sleep_s": 0.5},
         "runs": [
             {"name": "static_2_2", "train_devices": 2, "rollout_devices": 2},
-            {"name": "dynamic_default", "train_devices": 2, "rollout_devices": 2, "hybrid": True, "policy": "default"},
-            {
-                "name": "dynamic_rate_matched",
-                "train_devices": 2,
-                "rollout_devices": 2,
-                "hybrid": True,
-                "policy": "rate_matched",
-            },
-            {
-                "name": "dynamic_rate_matched_overlap",
-                "train_devices": 2,
-                "rollout_devices": 2,
-                "hybrid": True,
-                "policy": "rate_matched",
-                "sequencing": "overlap_sync",
-            },
+            dynamic_run("dynamic_default", "default"),
+            dynamic_run("dynamic_rate_matched", "rate_matched"),
+            dynamic_run("dynamic_rate_matched_overlap", "rate_matched", overlap_sync=True),
         ],
     }
     data.update(overrides)

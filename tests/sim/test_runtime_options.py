@@ -12,9 +12,10 @@ import pytest
 from lightning_hybrid_rollout.sim import RunSpec, get_preset, simulate
 from lightning_hybrid_rollout.sim.runner import GAP_KEYS, _Run, replace_run, run_once
 
-from .conftest import tiny_scenario
+from .conftest import dynamic_run, tiny_scenario
 
-_ROLLOUT_BOUND = {"train_devices": 3, "rollout_devices": 1, "hybrid": True, "policy": "rate_matched"}
+_OVERLAP = {"overlap_sync": True}
+_EARLY = {"overlap_sync": True, "early_first_sync": True}
 
 
 def _rollout_bound_tiny(**switch):
@@ -25,23 +26,16 @@ def _rollout_bound_tiny(**switch):
         steps=8,
         switch={**costs, "sleep_s": 0.5},
         runs=[
-            {"name": "seq", **_ROLLOUT_BOUND},
-            {"name": "overlap", **_ROLLOUT_BOUND, "sequencing": "overlap_sync"},
-            {"name": "early", **_ROLLOUT_BOUND, "sequencing": "overlap_sync", "early_first_sync": True},
-            {
-                "name": "early_staged",
-                **_ROLLOUT_BOUND,
-                "sequencing": "overlap_sync",
-                "early_first_sync": True,
-                "staged_standalone_sync": True,
-            },
+            dynamic_run("seq", "rate_matched", 3, 1),
+            dynamic_run("overlap", "rate_matched", 3, 1, **_OVERLAP),
+            dynamic_run("early", "rate_matched", 3, 1, **_EARLY),
+            dynamic_run("early_staged", "rate_matched", 3, 1, **_EARLY, staged_standalone_sync=True),
             {"name": "static", "train_devices": 2, "rollout_devices": 2},
             {
                 "name": "static_early_staged",
                 "train_devices": 2,
                 "rollout_devices": 2,
-                "early_first_sync": True,
-                "staged_standalone_sync": True,
+                "async_training": {"early_first_sync": True, "staged_standalone_sync": True},
             },
         ],
     )
@@ -252,6 +246,12 @@ def test_seed_gap_diagnosis_of_the_improvements():
 
 def test_replace_run_keeps_the_other_runs():
     sc = _rollout_bound_tiny()
-    changed = replace_run(sc, "static", early_first_sync=True)
+    changed = replace_run(sc, "static", async_training={"early_first_sync": True})
     assert changed.run("static").early_first_sync and not sc.run("static").early_first_sync
     assert changed.run("seq") == sc.run("seq")
+    # a run's changes replace its own async_training; merging them keeps the ones it had
+    early = sc.run("early_staged").async_training
+    merged = replace_run(sc, "early_staged", async_training={**early, "dynamic_schedule_enable_rebalance": False})
+    run = merged.run("early_staged")
+    assert run.early_first_sync and run.staged_standalone_sync and not run.enable_rebalance
+    assert run.config.staleness_threshold == sc.staleness_threshold  # the scenario's workload, not the defaults

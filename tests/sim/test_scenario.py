@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from lightning_hybrid_rollout.sim import LengthModel, ReplicaModel, Scenario, ScenarioError, get_preset, preset_names
+from lightning_hybrid_rollout.config import AsyncTrainingConfig, derived_counts
+from lightning_hybrid_rollout.sim import (
+    LengthModel,
+    ReplicaModel,
+    RunSpec,
+    Scenario,
+    ScenarioError,
+    get_preset,
+    preset_names,
+)
 
 
 def test_presets_load_and_are_named_for_their_regime():
@@ -29,6 +38,9 @@ def test_seed_preset_uses_the_seeds_devices_and_verls_recipe_batch():
     assert default.policy_kwargs == {"deactivate_ratio": 0.3}
     assert (sc.required_samples, sc.trigger_parameter_sync_step, sc.staleness_threshold) == (128, 4, 0.5)
     assert sc.max_required_samples == 768 and sc.buffer_samples == 256
+    assert sc.derived_counts == derived_counts(
+        mini_batch_size=128, trigger_parameter_sync_step=4, staleness_threshold=0.5
+    )
 
 
 def test_yaml_round_trip(tmp_path):
@@ -38,20 +50,47 @@ def test_yaml_round_trip(tmp_path):
     assert Scenario.from_yaml(path).to_dict() == sc.to_dict()
 
 
+_RUN = {"name": "a", "train_devices": 4, "rollout_devices": 4}
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
         ({"steps": 0}, "steps must be an integer >= 1"),
-        ({"staleness_threshold": -1}, "staleness_threshold must be a finite number >= 0"),
+        ({"async_training": {"staleness_threshold": -1}}, "async_training.staleness_threshold must be a number >= 0"),
+        ({"async_training": {"mini_batch_size": 0}}, "async_training.mini_batch_size must be >= 1"),
+        ({"async_training": {"stalenes_threshold": 0.1}}, "Did you mean 'staleness_threshold'"),
         ({"lengths": {"mean_tokens": 0}}, "lengths.mean_tokens must be a finite number > 0"),
         ({"lengths": {"min_tokens": 10, "max_tokens": 5}}, "lengths.max_tokens"),
         ({"lengths": {"mean_schedule": [[2, 1.0], [1, 2.0]]}}, "versions must increase"),
         ({"bogus": 1}, "unknown key"),
         ({"runs": [{"name": "a", "train_devices": 1, "rollout_devices": 0}]}, "rollout_devices must be > 0"),
-        ({"runs": [{"name": "a", "train_devices": 1, "rollout_devices": 1, "hybrid": True}]}, "needs a policy"),
         ({"runs": [{"name": "a", "train_devices": 1, "rollout_devices": 3}]}, "multiple of replica.devices"),
-        ({"runs": [{"name": "a", "train_devices": 4, "rollout_devices": 4, "sequencing": "x"}]}, "sequencing"),
-        ({"required_samples": 5, "group_size": 2}, "multiple of group_size"),
+        (
+            {"runs": [{**_RUN, "async_training": {"overlap_sync": "x"}}]},
+            r"runs\[a\]: async_training.overlap_sync must be a bool",
+        ),
+        (
+            {"runs": [{**_RUN, "hybrid": True, "async_training": {"dynamic_schedule_policy": "defualt"}}]},
+            r"runs\[a\]: async_training.dynamic_schedule_policy must be one of .* Did you mean 'default'",
+        ),
+        (
+            {"runs": [{**_RUN, "async_training": {"dynamic_schedule_policy_kwargs": {"deactivate_ratio": 0.5}}}]},
+            "use async_training.dynamic_schedule_deactivate_ratio instead",
+        ),
+        ({"runs": [{**_RUN, "async_training": {"overlap": True}}]}, r"runs\[a\].async_training has no key 'overlap'"),
+        (
+            {"runs": [{**_RUN, "async_training": {"staleness_threshold": 0.2}}]},
+            "not a run's own key: .* set it in the scenario's async_training section",
+        ),
+        ({"runs": [{**_RUN, "async_training": {"only_hybrid": True}}]}, "follows each run's split"),
+        ({"async_training": {"only_hybrid": True}}, "async_training.only_hybrid must be false in a scenario, got true"),
+        ({"async_training": {"partial_rollout": False}}, "models partial rollout only"),
+        (
+            {"runs": [{**_RUN, "hybrid": True, "async_training": {"use_dynamic_resource_scheduling": False}}]},
+            "hybrid: true needs async_training.use_dynamic_resource_scheduling true",
+        ),
+        ({"async_training": {"mini_batch_size": 5}, "group_size": 2}, "multiple of group_size"),
     ],
 )
 def test_invalid_values_name_the_field(change, message):
@@ -59,6 +98,76 @@ def test_invalid_values_name_the_field(change, message):
     data.update(change)
     with pytest.raises(ScenarioError, match=message):
         Scenario.from_dict(data)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"required_samples": 128, "staleness_threshold": 0.5},
+            "scenario: required_samples, staleness_threshold moved into the scenario's async_training section under "
+            "the config's own names: write `async_training: {mini_batch_size: 128, staleness_threshold: 0.5}` instead",
+        ),
+        (
+            {"runs": [{**_RUN, "hybrid": True, "policy": "default", "policy_kwargs": {"deactivate_ratio": 0.3}}]},
+            "runs[a]: policy, policy_kwargs moved into the run's async_training section under the config's own names: "
+            'write `async_training: {dynamic_schedule_policy: "default", dynamic_schedule_deactivate_ratio: 0.3}`',
+        ),
+        (
+            {"runs": [{**_RUN, "sequencing": "overlap_sync", "enable_rebalance": False, "early_first_sync": True}]},
+            "`async_training: {dynamic_schedule_enable_rebalance: false, overlap_sync: true, early_first_sync: true}`",
+        ),
+    ],
+)
+def test_the_old_flat_keys_are_refused_with_their_new_spelling(change, message):
+    data = {"name": "x", "runs": [{"name": "r", "train_devices": 4, "rollout_devices": 4}], **change}
+    with pytest.raises(ScenarioError) as err:
+        Scenario.from_dict(data)
+    assert message in str(err.value) and "\n" not in str(err.value)  # one line
+
+
+def test_runs_take_the_scenarios_async_training_and_change_only_their_own_keys():
+    sc = Scenario.from_dict(
+        {
+            "name": "x",
+            "async_training": {"mini_batch_size": 16, "dynamic_schedule_policy": "rate_matched", "overlap_sync": True},
+            "runs": [
+                {"name": "inherits", "train_devices": 4, "rollout_devices": 4, "hybrid": True},
+                {
+                    "name": "own",
+                    "train_devices": 4,
+                    "rollout_devices": 4,
+                    "hybrid": True,
+                    "async_training": {
+                        "dynamic_schedule_policy_kwargs": {"gate_margin_fraction": 0.2},  # checked against rate_matched
+                        "overlap_sync": False,
+                    },
+                },
+                {"name": "static", "train_devices": 4, "rollout_devices": 4},
+            ],
+        }
+    )
+    inherits, own, static = (sc.run(n) for n in ("inherits", "own", "static"))
+    assert (inherits.policy, inherits.sequencing) == ("rate_matched", "overlap_sync")
+    assert (own.policy, own.sequencing) == ("rate_matched", "seed")
+    assert own.policy_kwargs == {"deactivate_ratio": 0.3, "gate_margin_fraction": 0.2}
+    assert static.policy is None  # no hybrid replicas: nothing to schedule
+    assert own.config == AsyncTrainingConfig(
+        mini_batch_size=16,
+        dynamic_schedule_policy="rate_matched",
+        dynamic_schedule_policy_kwargs={"gate_margin_fraction": 0.2},
+    )
+    # one declaration: the scenario's counts are the config's
+    assert sc.required_samples == 16 and sc.max_required_samples == sc.async_training.max_required_samples
+
+
+def test_a_run_moved_to_another_scenario_takes_that_scenarios_config():
+    a = Scenario.from_dict({"name": "a", "async_training": {"overlap_sync": True}, "runs": [{**_RUN, "hybrid": True}]})
+    b = Scenario.from_dict({"name": "b", "runs": []}).with_runs(a.runs)
+    assert b.run("a").sequencing == "seed" and a.run("a").sequencing == "overlap_sync"
+    loose = RunSpec("loose", 4, 4, hybrid=True, async_training={"early_first_sync": True})
+    assert loose.config == AsyncTrainingConfig(early_first_sync=True)  # outside a scenario: the config's defaults
+    assert a.with_runs([loose]).run("loose").sequencing == "overlap_sync"
 
 
 def test_length_model_drift_schedule_and_clipping():

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from lightning_hybrid_rollout.sim import BREAKDOWN_KEYS, Scenario, SwitchCosts, simulate
 from lightning_hybrid_rollout.sim.runner import GAP_KEYS, run_once
 
-from .conftest import tiny_scenario
+from .conftest import dynamic_run, tiny_scenario
 
 
 def _check_invariants(result):
@@ -63,28 +63,33 @@ def scenarios(draw):
     train = draw(st.integers(1, 3))
     hybrid = draw(st.booleans())
     rollout = draw(st.integers(0 if hybrid else 1, 3))
+    options = {
+        "overlap_sync": draw(st.booleans()),
+        "early_first_sync": draw(st.booleans()),
+        "staged_standalone_sync": draw(st.booleans()),
+        "dynamic_schedule_enable_rebalance": draw(st.booleans()),
+    }
+    if hybrid:
+        options["dynamic_schedule_policy"] = draw(_POLICIES)
     run = {
         "name": "r",
         "train_devices": train,
         "rollout_devices": rollout,
         "hybrid": hybrid,
-        "sequencing": draw(st.sampled_from(["seed", "overlap_sync"])),
-        "early_first_sync": draw(st.booleans()),
-        "staged_standalone_sync": draw(st.booleans()),
-        "enable_rebalance": draw(st.booleans()),
+        "async_training": options,
         "standalone_sync_aborts": draw(st.booleans()),
     }
-    if hybrid:
-        run["policy"] = draw(_POLICIES)
     kv = draw(st.none() | st.floats(200, 5000))
     return Scenario.from_dict(
         {
             "name": "random",
             "seed": draw(st.integers(0, 1000)),
             "steps": draw(st.integers(1, 4)),
-            "required_samples": required,
-            "trigger_parameter_sync_step": trigger,
-            "staleness_threshold": draw(st.sampled_from([0.0, 0.2, 0.5, 1.0])),
+            "async_training": {
+                "mini_batch_size": required,
+                "trigger_parameter_sync_step": trigger,
+                "staleness_threshold": draw(st.sampled_from([0.0, 0.2, 0.5, 1.0])),
+            },
             "concurrent_samples_per_replica": draw(st.integers(1, 6)),
             "group_size": group,
             "lengths": {
@@ -126,9 +131,7 @@ def test_zero_switch_cost_and_ideal_rates_approach_the_bound():
         {
             "name": "ideal",
             "steps": 40,
-            "required_samples": 32,
-            "trigger_parameter_sync_step": 2,
-            "staleness_threshold": 1.0,
+            "async_training": {"mini_batch_size": 32, "trigger_parameter_sync_step": 2, "staleness_threshold": 1.0},
             "concurrent_samples_per_replica": 8,
             "lengths": {"mean_tokens": 400, "sigma": 0.3, "prompt_tokens": 0},
             "replica": {"devices": 1, "tokens_per_s": 50.0, "batch_slowdown": 0.0},
@@ -136,7 +139,7 @@ def test_zero_switch_cost_and_ideal_rates_approach_the_bound():
             "switch": SwitchCosts.zero().__dict__,
             "runs": [
                 {"name": "static_3_1", "train_devices": 3, "rollout_devices": 1},
-                {"name": "dynamic", "train_devices": 3, "rollout_devices": 1, "hybrid": True, "policy": "rate_matched"},
+                dynamic_run("dynamic", "rate_matched", 3, 1),
             ],
         }
     )
@@ -150,24 +153,18 @@ def test_zero_switch_cost_and_ideal_rates_approach_the_bound():
 def test_colocated_mode_only_hybrid(sequencing):
     sc = tiny_scenario(
         runs=[
-            {
-                "name": "colocated",
-                "train_devices": 2,
-                "rollout_devices": 0,
-                "hybrid": True,
-                "policy": "static_fully_async",
-                "sequencing": sequencing,
-            }
+            dynamic_run("colocated", "static_fully_async", 2, 0, overlap_sync=sequencing == "overlap_sync"),
         ]
     )
+    run = sc.run("colocated")
+    assert run.sequencing == sequencing and run.config.only_hybrid  # colocated: the split sets only_hybrid
     result = simulate(sc)
     _check_invariants(result)
     assert result.run("colocated").activations == sc.steps  # at start, then after every sync but the last
 
 
 def test_overlap_sync_hides_the_hybrid_wake_and_sync_under_the_standalone_sync():
-    base = {"train_devices": 2, "rollout_devices": 2, "hybrid": True, "policy": "default"}
-    sc = tiny_scenario(runs=[{"name": "seed_seq", **base}, {"name": "overlap", **base, "sequencing": "overlap_sync"}])
+    sc = tiny_scenario(runs=[dynamic_run("seed_seq", "default"), dynamic_run("overlap", "default", overlap_sync=True)])
     result = simulate(sc)
     seed_seq, overlap = result.run("seed_seq"), result.run("overlap")
     assert seed_seq.activations > 1 and overlap.activations > 1
