@@ -440,3 +440,36 @@ def test_a_refusing_engine_is_retried_with_backoff_not_a_hot_loop():
 def test_invalid_configuration_is_named():
     with pytest.raises(ValueError, match="n_samples_per_prompt"):
         make([FakeReplica("a")], n=8, max_required=4)
+
+
+def test_names_that_moved_out_of_rollouter_py_are_still_importable_from_it():
+    from lightning_hybrid_rollout import errors
+    from lightning_hybrid_rollout.rollout import production, prompts, role_window, rollouter, utilization
+
+    assert rollouter.RolloutError is errors.RolloutError
+    assert rollouter.RoleWindow is role_window.RoleWindow
+    assert rollouter.RolloutStepStats is utilization.RolloutStepStats
+    assert rollouter.HistoryPoint == utilization.HistoryPoint
+    assert (rollouter.PromptItem, rollouter.expand_prompts) == (prompts.PromptItem, prompts.expand_prompts)
+    assert issubclass(rollouter.Rollouter, production.ProductionLoop)
+    assert list(rollouter.expand_prompts(["a", "b"], repeat=2)) == ["a", "b", "a", "b"]
+
+
+def test_an_aborted_segment_finishes_its_sample_only_at_the_length_bound_or_on_a_stop_token():
+    from lightning_hybrid_rollout.rollout.partial_rollout import settle_segment
+    from lightning_hybrid_rollout.rollout.sample_state import SampleState
+
+    def settle(st, tokens, reason, partial=True, overshoot=False):
+        result = GenerationResult("r", tokens, [0.0] * len(tokens), reason, 3, "a")
+        return settle_segment(st, tokens, [0.0] * len(tokens), result, replica_id="a", overshoot=overshoot,
+                              partial_rollout=partial, response_length=6, stop_ids={9})  # fmt: skip
+
+    st = SampleState("g0-0", "g0", 0, None)
+    assert settle(st, [], "abort") is None and st.versions == []  # nothing generated: nothing kept
+    assert settle(st, [1, 2], "abort") is None and (st.tokens, st.versions, st.aborted_segments) == ([1, 2], [3], 2)
+    assert settle(st, [3, 9], "abort") == "stop" and st.tokens == [1, 2, 3, 9]
+    st = SampleState("g0-1", "g0", 1, None, tokens=[1, 2, 3])
+    assert settle(st, [4, 5, 6], "abort") == "length"
+    assert settle(SampleState("g0-2", "g0", 2, None, tokens=[1]), [2], "abort", partial=False) is None
+    assert settle(SampleState("g0-3", "g0", 3, None), [], "stop") == "stop"  # a final segment is kept even empty
+    assert settle(SampleState("g0-4", "g0", 4, None), [1] * 6, "stop", overshoot=True) == "length"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lightning_hybrid_rollout.rollout.rollouter import RoleWindow
+from lightning_hybrid_rollout.rollout.role_window import RoleWindow
 from tests.rollout.fakes import FakeReplica, ManualClock, wait_for
 from tests.rollout.test_rollouter import make
 
