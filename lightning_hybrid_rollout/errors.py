@@ -109,6 +109,10 @@ class WeightSyncError(HybridRolloutError, RuntimeError):
         )
 
 
+class RankProtocolError(HybridRolloutError, RuntimeError):
+    """The trainer ranks' boundary protocol was used out of order (a caller bug that would otherwise hang the run)."""
+
+
 def is_replica_dead_error(exc: BaseException) -> bool:
     """True if ``exc`` means the replica's process is gone.
 

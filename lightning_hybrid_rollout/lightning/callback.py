@@ -38,13 +38,14 @@ from typing_extensions import override
 
 from lightning_hybrid_rollout import metrics as M
 from lightning_hybrid_rollout.config import AsyncTrainingConfig, ConfigError, RolloutConfig, validate_run_config
+from lightning_hybrid_rollout.lightning.rank_protocol import BoundaryProtocol
 from lightning_hybrid_rollout.rollout.sample import Sample
 from lightning_hybrid_rollout.schedule import (
     DynamicResourceController,
     RateScheduleContext,
     create_policy,
 )
-from lightning_hybrid_rollout.schedule.cycle import CycleEnd, CycleLedger, RoleProduction, RunShape, Totals
+from lightning_hybrid_rollout.schedule.cycle import CycleEnd, CycleLedger, ProductionByRole, RunShape, Totals
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +143,8 @@ class HybridRolloutCallback(Callback):
         #: One entry per ``overlap_sync`` preparation: timings, seconds saved, whether the controller activated.
         self.overlap_events: list[dict[str, Any]] = []
         self.call_log: list[str] = []
-        self._offload_broadcast_done = False
+        #: Who offloads, who stays: one broadcast per sync boundary (built at ``on_train_start``, every rank).
+        self._ranks: BoundaryProtocol | None = None
         self._overlap_saved_s = 0.0
         self.last_cycle_metrics: dict[str, float] = {}
         #: The clock every cycle measurement is read from (``time.monotonic``; a test may give a virtual one).
@@ -292,7 +294,7 @@ class HybridRolloutCallback(Callback):
             tokenizer=self._tokenizer,
             run_dir=self._run_dir,
             trace=self.trace,
-            before_wake=lambda: self._broadcast_offload(trainer),
+            before_wake=self._need_devices,
             weights=lambda: self._cycle_weights or [],
             weight_version=lambda: self.param_version,
         )
@@ -308,6 +310,11 @@ class HybridRolloutCallback(Callback):
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._ledger.shape = dataclasses.replace(self._ledger.shape, hybrid_devices=trainer.world_size)
+        self._ranks = ranks = BoundaryProtocol(
+            broadcast=lambda message: self._broadcast(trainer, message),
+            offload=lambda: self._offload(trainer),
+            barrier=lambda: trainer.strategy.barrier("lhr_offloaded"),
+        )
         resumed = self._pending_state is not None
         pl_module.param_version = self.param_version
         # Engines loaded the model from disk (version 0). On resume, push the restored weights first.
@@ -319,14 +326,16 @@ class HybridRolloutCallback(Callback):
                 self._runtime.push_standalone(self._cycle_weights, self.param_version)
             self._runtime.set_weight_version(self.param_version)
             self._runtime.start_generation()
+            ranks.open()  # the start decision's (or the restore's) boundary
             if resumed:
-                self._restore_pool_state(trainer)
+                self._restore_pool_state()
             else:
                 # Initial activation decision (step 0: update_after_step is a no-op there).
                 self._after_sync(trainer, global_steps=0)
+            ranks.close()
             self._runtime.pool.take_cycle_sync_s()  # a start-up push belongs to no cycle's weight_sync_time_s
         else:
-            self._follow_offload(trainer)
+            ranks.follow()
         self._pending_state = None
         self._cycle_weights = None
 
@@ -435,6 +444,7 @@ class HybridRolloutCallback(Callback):
         pl_module.param_version = self.param_version
         sync_s = 0.0
         if trainer.is_global_zero:
+            self._protocol.open()  # this cycle end's boundary
             prepared = self.async_training.overlap_sync and self._activates_before_sync(self.cycles_done + 1)
             if prepared:
                 sync_s = self._overlapped_sync(trainer)
@@ -446,11 +456,12 @@ class HybridRolloutCallback(Callback):
             stats = self._runtime.new_param_version(self.param_version)
             self.cycles_done += 1
             end = self._after_sync(trainer, global_steps=self.cycles_done, prepared=prepared)
+            self._protocol.close()
             self._end_step(trainer)
             self._emit_cycle(trainer, self._cycle_end(stats, sync_s, end))
         else:
             self.cycles_done += 1
-            self._follow_offload(trainer)
+            self._protocol.follow()
         self._cycle_weights = None
 
     def _end_step(self, trainer: Trainer) -> None:
@@ -481,8 +492,7 @@ class HybridRolloutCallback(Callback):
         """
         rt = self._runtime
         t0 = self._clock()
-        self._offload_broadcast_done = False
-        self._broadcast_offload(trainer)  # every rank offloads before the hybrid engines wake
+        self._protocol.need_devices()  # every rank offloads before the hybrid engines wake
         t_offload = self._clock()
         rt.trace_phase("switching", t0, t_offload, op="offload")
         rep = rt.push_standalone_overlapped(self._cycle_weights, self.param_version)
@@ -515,20 +525,17 @@ class HybridRolloutCallback(Callback):
         Args:
             trainer: The trainer.
             global_steps: Cycles done (0: the start decision).
-            prepared: ``overlap_sync`` already offloaded (its broadcast went out) and woke + synced the hybrid
-                replicas; if the controller does not activate them now, they go back to sleep.
+            prepared: ``overlap_sync`` already offloaded (the boundary's ``"offload"`` went out) and woke + synced
+                the hybrid replicas; if the controller does not activate them now, they go back to sleep.
         """
         assert self._controller is not None
         window = self._runtime.take_role_window()
         # the start decision: nothing measured yet; its production (and its activation's) belongs to no cycle
         ctx = self._context(window if global_steps > 0 else None)
         self.call_log.append("should_activate_after_step")
-        self._offload_broadcast_done = prepared
         end = self._controller.after_sync(global_steps, ctx)
         if global_steps == 0:
             self._runtime.take_role_window()
-        if not self._offload_broadcast_done:
-            self._broadcast(trainer, "stay")
         if prepared:
             self._finish_overlap(end)
         if end.activated:
@@ -573,23 +580,15 @@ class HybridRolloutCallback(Callback):
             return msg
         return trainer.strategy.broadcast(msg, src=0)
 
-    def _broadcast_offload(self, trainer: Trainer) -> None:
-        """Called by the pool right before the hybrid engines wake (rank 0): every rank offloads first.
+    @property
+    def _protocol(self) -> BoundaryProtocol:
+        if self._ranks is None:
+            raise RuntimeError("the rank protocol is built in on_train_start; a sync boundary came before it")
+        return self._ranks
 
-        At most one broadcast per sync boundary (the other ranks receive one): if this boundary's went out already
-        (``overlap_sync`` offloaded before the standalone sync), only the local offload runs (a no-op by then).
-        """
-        if self._offload_broadcast_done:
-            self._offload(trainer)
-            return
-        self._offload_broadcast_done = True
-        self._broadcast(trainer, "offload")
-        self._offload(trainer)
-
-    def _follow_offload(self, trainer: Trainer) -> None:
-        """Non-zero ranks: mirror rank 0's offload decision for this cycle."""
-        if self._broadcast(trainer, "") == "offload":
-            self._offload(trainer)
+    def _need_devices(self) -> None:
+        """Called by the pool right before the hybrid engines wake (rank 0): every rank offloads first."""
+        self._protocol.need_devices()
 
     def _offload(self, trainer: Trainer) -> None:
         strategy = trainer.strategy
@@ -631,7 +630,7 @@ class HybridRolloutCallback(Callback):
             expected_samples=self.samples_consumed,
             queue_size=rt.queue_size(),
         )
-        production = None if window is None else RoleProduction.from_roles(window.serving_s, window.decoded_tokens)
+        production = None if window is None else ProductionByRole.from_roles(window.serving_s, window.decoded_tokens)
         return self._ledger.context(totals, production)
 
     def _record_switch(self, kind: str, duration_s: float) -> None:
@@ -726,16 +725,16 @@ class HybridRolloutCallback(Callback):
             f"{self._runtime.queue_size()} buffered samples restored, ratio {self.policy.deactivate_ratio:.3f}"
         )
 
-    def _restore_pool_state(self, trainer: Trainer) -> None:
-        """Fresh replicas start parked: bring the pool to the restored controller state without re-deciding."""
+    def _restore_pool_state(self) -> None:
+        """Fresh replicas start parked: bring the pool to the restored controller state without re-deciding.
+
+        Runs inside the start boundary: a wake asks the rank protocol for the devices (every rank offloads).
+        """
         assert self._controller is not None
-        self._offload_broadcast_done = False
         if self._controller.is_hybrid_active:
             pool = self._runtime.pool
             for method in ("wake_up_replicas", "sync_weights", "add_replicas", "resume_generation_replicas"):
                 getattr(pool, method)()
-        if not self._offload_broadcast_done:
-            self._broadcast(trainer, "stay")
 
 
 def _redact_what_loggers_write(trainer: Trainer) -> None:

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from lightning_hybrid_rollout.metrics import formulas as F
 from lightning_hybrid_rollout.schedule.rate_matched_policy import RateScheduleContext
 
-__all__ = ["CycleEnd", "CycleLedger", "RoleProduction", "RunShape", "Totals"]
+__all__ = ["CycleEnd", "CycleLedger", "ProductionByRole", "RunShape", "Totals"]
 
 #: Extra cycle metrics (ours, beside the seed's §4 names in :mod:`lightning_hybrid_rollout.metrics.formulas`).
 DEACTIVATE_RATIO = "dynamic_resource/deactivate_ratio"
@@ -93,7 +93,7 @@ class Totals:
 
 
 @dataclass(frozen=True)
-class RoleProduction:
+class ProductionByRole:
     """Per-role production of the cycle (the rollouter's role window; the simulator's production window).
 
     Args:
@@ -109,7 +109,7 @@ class RoleProduction:
     hybrid_decoded_tokens: float = 0.0
 
     @classmethod
-    def from_roles(cls, serving_s: Mapping[str, float], decoded_tokens: Mapping[str, float]) -> RoleProduction:
+    def from_roles(cls, serving_s: Mapping[str, float], decoded_tokens: Mapping[str, float]) -> ProductionByRole:
         """From ``{"standalone": .., "hybrid": ..}`` mappings (a missing role counts 0)."""
         return cls(
             standalone_serving_s=float(serving_s.get("standalone", 0.0)),
@@ -229,7 +229,7 @@ class CycleLedger:
 
     # ---------------------------------------------------------------------------------------------- outputs
 
-    def context(self, totals: Totals, production: RoleProduction | None = None) -> RateScheduleContext:
+    def context(self, totals: Totals, production: ProductionByRole | None = None) -> RateScheduleContext:
         """The decision context: the run's counters and the cycle's measurements so far.
 
         Args:
@@ -237,7 +237,7 @@ class CycleLedger:
             production: The cycle's per-role production (None before a cycle's first step: nothing measured).
         """
         s, c = self.shape, self._c
-        p = production or RoleProduction()
+        p = production or ProductionByRole()
         return RateScheduleContext(
             required_samples=s.required_samples,
             trigger_parameter_sync_step=s.trigger_parameter_sync_step,

@@ -40,7 +40,7 @@ from typing import Any
 
 from lightning_hybrid_rollout import metrics as M
 from lightning_hybrid_rollout.schedule import DynamicResourceController, StepEndResult, create_policy
-from lightning_hybrid_rollout.schedule.cycle import CycleEnd, CycleLedger, RoleProduction, RunShape, Totals
+from lightning_hybrid_rollout.schedule.cycle import CycleEnd, CycleLedger, ProductionByRole, RunShape, Totals
 from lightning_hybrid_rollout.schedule.rate_matched_policy import RateScheduleContext
 from lightning_hybrid_rollout.sim.scenario import ReplicaModel, RunSpec, Scenario
 from lightning_hybrid_rollout.sim.world import ProductionWindow, RolloutWorld, SimReplica, SimSample, SimulationError
@@ -527,7 +527,7 @@ class _Run:
 
     def _context(self, window: ProductionWindow | None = None) -> RateScheduleContext:
         """The decision context from the core (:class:`CycleLedger`), with the window's per-role production."""
-        production = None if window is None else RoleProduction.from_roles(window.serving_s, window.tokens)
+        production = None if window is None else ProductionByRole.from_roles(window.serving_s, window.tokens)
         return self.ledger.context(self._totals(), production)
 
     def _check_devices_free(self) -> None:

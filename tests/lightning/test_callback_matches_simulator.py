@@ -25,7 +25,7 @@ from lightning_hybrid_rollout.config import RolloutConfig
 from lightning_hybrid_rollout.lightning.callback import HybridRolloutCallback
 from lightning_hybrid_rollout.lightning.runtime import RuntimeQueries
 from lightning_hybrid_rollout.schedule import DynamicResourceController
-from lightning_hybrid_rollout.schedule.cycle import CycleEnd, CycleLedger, RoleProduction, Totals
+from lightning_hybrid_rollout.schedule.cycle import CycleEnd, CycleLedger, ProductionByRole, Totals
 from lightning_hybrid_rollout.schedule.rate_matched_policy import RateScheduleContext
 from lightning_hybrid_rollout.sim import runner
 from lightning_hybrid_rollout.sim.presets import get_preset
@@ -50,7 +50,7 @@ class _SpyLedger(CycleLedger):
         self.events.append(("compute", compute_s))
         super().add_compute(compute_s)
 
-    def context(self, totals: Totals, production: RoleProduction | None = None) -> RateScheduleContext:
+    def context(self, totals: Totals, production: ProductionByRole | None = None) -> RateScheduleContext:
         ctx = super().context(totals, production)
         self.events.append(("context", totals, production, ctx))
         return ctx
@@ -187,8 +187,8 @@ class _ReplayRuntime(RuntimeQueries):
         pass
 
 
-def _window(p: RoleProduction | None) -> Any:
-    p = p or RoleProduction()
+def _window(p: ProductionByRole | None) -> Any:
+    p = p or ProductionByRole()
     return SimpleNamespace(
         serving_s={"standalone": p.standalone_serving_s, "hybrid": p.hybrid_serving_s},
         decoded_tokens={"standalone": p.standalone_decoded_tokens, "hybrid": p.hybrid_decoded_tokens},

@@ -184,7 +184,7 @@ def drive(
             tokenizer=None,
             run_dir=tmp_path,
             trace=False,
-            before_wake=lambda: cb._broadcast_offload(trainer),  # type: ignore[arg-type]
+            before_wake=cb._need_devices,
             weights=lambda: cb._cycle_weights or [],
             weight_version=lambda: cb.param_version,
         )

@@ -6,7 +6,7 @@ import textwrap
 
 from lightning_hybrid_rollout import metrics as M
 from lightning_hybrid_rollout.schedule import cycle
-from lightning_hybrid_rollout.schedule.cycle import CycleEnd, CycleLedger, RoleProduction, RunShape, Totals
+from lightning_hybrid_rollout.schedule.cycle import CycleEnd, CycleLedger, ProductionByRole, RunShape, Totals
 
 
 def _ledger(hybrid: int = 1) -> CycleLedger:
@@ -24,7 +24,7 @@ def test_the_context_holds_the_cycle_so_far_and_the_next_cycle_starts_empty() ->
     ledger.add_batch(wait_s=1.0, queue_before=1, samples=4, tokens=30)
     ledger.add_compute(0.5)
     ledger.end_step(allocated_s=1.5, step_s=3.5)
-    ctx = ledger.context(Totals(10, 4, 6), RoleProduction(standalone_serving_s=3.0, hybrid_decoded_tokens=7.0))
+    ctx = ledger.context(Totals(10, 4, 6), ProductionByRole(standalone_serving_s=3.0, hybrid_decoded_tokens=7.0))
     assert (ctx.step_wait_times, ctx.step_wait_samples, ctx.step_queue_sizes) == ([1.0], [3], [1])
     assert (ctx.cycle_trained_samples, ctx.cycle_trained_tokens, ctx.cycle_train_compute_s) == (4, 30, 0.5)
     assert (ctx.deactivate_wait_s, ctx.deactivate_wait_samples) == (2.0, 3)

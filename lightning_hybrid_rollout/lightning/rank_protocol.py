@@ -1,0 +1,122 @@
+"""The trainer ranks' protocol at a sync boundary: who offloads, who stays, exactly one broadcast per boundary.
+
+Only global rank 0 runs the controller, so only rank 0 knows whether the hybrid engines are about to wake on the
+trainer's devices. Every other rank must learn it from rank 0, by one collective broadcast per boundary; a rank that
+waits for a message rank 0 never sends (or skips one it sends) deadlocks the run. :class:`BoundaryProtocol` is the
+one place that decides what is sent, so the rules below hold by construction:
+
+1. A *boundary* is every point where rank 0 may wake hybrid engines: the start decision of a fit, the end of each
+   sync cycle (``after_sync``, with or without ``overlap_sync``), and the restore of a resumed fit. Rank 0 calls
+   :meth:`~BoundaryProtocol.open` when one starts and :meth:`~BoundaryProtocol.close` when it is over; every other
+   rank calls :meth:`~BoundaryProtocol.follow` once at the same boundary.
+2. Rank 0 sends exactly one message per boundary: ``"offload"`` the first time the boundary needs the trainer's
+   devices (:meth:`~BoundaryProtocol.need_devices`, called right before hybrid engines wake: an activation, the
+   ``overlap_sync`` preparation, a restored active state), else ``"stay"`` at :meth:`~BoundaryProtocol.close`. A
+   second ``need_devices`` in the same boundary (overlap prepared, then the activation) sends nothing more.
+3. Every rank offloads its training state before the engines wake: on ``"offload"`` each rank offloads, then all
+   meet at a barrier, so rank 0 returns from ``need_devices`` (and wakes the engines) only once every rank's
+   devices are free. (A later ``need_devices`` of the same boundary only re-checks rank 0's own offload, a no-op.)
+   No rank onloads inside a boundary; the next cycle's start onloads every rank.
+4. ``open`` while a boundary is open, ``close``/``need_devices`` outside one, raise :class:`RankProtocolError`:
+   a mistake in the caller shows as an error on rank 0, never as a hang.
+
+Example::
+
+    sent = []
+    protocol = BoundaryProtocol(
+        broadcast=lambda msg: sent.append(msg) or msg, offload=lambda: None, barrier=lambda: None
+    )
+    protocol.open()
+    protocol.need_devices()  # activation: "offload"
+    protocol.need_devices()  # again in the same boundary: nothing more
+    protocol.close()
+    protocol.open()
+    protocol.close()  # nothing needed the devices: "stay"
+    assert sent == ["offload", "stay"]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from lightning_hybrid_rollout.errors import RankProtocolError
+
+__all__ = ["OFFLOAD", "STAY", "BoundaryProtocol"]
+
+OFFLOAD = "offload"
+STAY = "stay"
+
+
+class BoundaryProtocol:
+    """One broadcast per sync boundary from rank 0; every other rank follows it (rules in the module docstring).
+
+    Args:
+        broadcast: ``broadcast(message) -> message`` from rank 0 to every rank (the strategy's ``broadcast``; on one
+            rank, the identity). Rank 0 passes its message; the others pass anything and get rank 0's.
+        offload: Offload this rank's training state (a no-op when already offloaded).
+        barrier: Every rank meets there (the strategy's ``barrier``; on one rank, a no-op).
+    """
+
+    def __init__(
+        self, broadcast: Callable[[str], str], offload: Callable[[], None], barrier: Callable[[], None]
+    ) -> None:
+        self._broadcast = broadcast
+        self._offload = offload
+        self._barrier = barrier
+        self._open = False
+        self._sent: str | None = None
+        #: Every message this rank sent or received, in order (one per boundary).
+        self.history: list[str] = []
+
+    @property
+    def is_open(self) -> bool:
+        """Whether a boundary is open on rank 0."""
+        return self._open
+
+    @property
+    def offloaded_this_boundary(self) -> bool:
+        """Whether rank 0 sent ``"offload"`` in the open (or last) boundary."""
+        return self._sent == OFFLOAD
+
+    def open(self) -> None:
+        """Rank 0: a boundary starts."""
+        if self._open:
+            raise RankProtocolError("a sync boundary opened while the previous one is still open (close it first)")
+        self._open, self._sent = True, None
+
+    def need_devices(self) -> None:
+        """Rank 0, right before hybrid engines wake: every rank offloads (the one ``"offload"`` of the boundary)."""
+        if not self._open:
+            raise RankProtocolError("need_devices() outside a sync boundary: open() it first")
+        if self._sent is None:
+            self._send(OFFLOAD)
+            self._offload()
+            self._barrier()  # every rank has offloaded
+        else:
+            self._offload()
+
+    def close(self) -> str:
+        """Rank 0: the boundary is over; sends ``"stay"`` if nothing needed the devices. Returns the message sent."""
+        if not self._open:
+            raise RankProtocolError("close() without an open sync boundary")
+        if self._sent is None:
+            self._send(STAY)
+        self._open = False
+        assert self._sent is not None
+        return self._sent
+
+    def follow(self) -> str:
+        """Every rank but 0, once per boundary: receive rank 0's message and offload on ``"offload"``."""
+        message = self._broadcast("")
+        if message not in (OFFLOAD, STAY):
+            raise RankProtocolError(f"rank 0 sent {message!r} at a sync boundary; expected 'offload' or 'stay'")
+        self.history.append(message)
+        if message == OFFLOAD:
+            self._offload()
+            self._barrier()  # rank 0 wakes the engines only after this
+        return message
+
+    def _send(self, message: str) -> None:
+        self._sent = message
+        self.history.append(message)
+        self._broadcast(message)
