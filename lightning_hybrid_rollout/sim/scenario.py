@@ -301,12 +301,13 @@ class SwitchCosts:
 class RunSpec:
     """One run of a scenario: a device split, whether hybrid replicas exist, and its own ``async_training`` changes.
 
-    Everything else a run's schedule depends on is the scenario's :class:`~lightning_hybrid_rollout.config.
-    AsyncTrainingConfig`: a run names only what it changes, by the config's own keys (:data:`RUN_KEYS`), and
-    :attr:`config` is the result (the config a real run of this split would train with). The attributes the
-    simulator reads (:attr:`policy`, :attr:`policy_kwargs`, :attr:`enable_rebalance`, :attr:`sequencing`,
-    :attr:`early_first_sync`, :attr:`staged_standalone_sync`) are read-only views of it. A run takes the scenario's
-    config when a :class:`Scenario` holds it (a loose ``RunSpec`` resolves against the config's defaults).
+    Everything else a run's schedule depends on is the scenario's ``async_training``
+    (:class:`~lightning_hybrid_rollout.config.AsyncTrainingConfig`): a run names only what it changes, by the
+    config's own keys (:data:`RUN_KEYS`), and :attr:`config` is the result (the config a real run of this split
+    would train with). The attributes the simulator reads (:attr:`policy`, :attr:`policy_kwargs`,
+    :attr:`enable_rebalance`, :attr:`sequencing`, :attr:`early_first_sync`, :attr:`staged_standalone_sync`) are
+    read-only views of it. A run takes the scenario's config when a :class:`Scenario` holds it (a loose ``RunSpec``
+    resolves against the config's defaults).
 
     How the simulator models the keys a run may set:
 
@@ -346,6 +347,8 @@ class RunSpec:
             requests (vLLM ``pause_generation(mode="keep")``), which no runtime here implements.
 
     Example::
+
+        from lightning_hybrid_rollout.sim.scenario import RunSpec
 
         run = RunSpec("dynamic", 16, 16, hybrid=True, async_training={"dynamic_schedule_policy": "rate_matched"})
         assert run.policy == "rate_matched" and run.sequencing == "seed" and run.enable_rebalance

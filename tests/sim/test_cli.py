@@ -7,6 +7,7 @@ import json
 import pytest
 import yaml
 
+from lightning_hybrid_rollout.sim import Scenario, get_preset
 from lightning_hybrid_rollout.sim.cli import report_main, simulate_main
 
 from .conftest import tiny_scenario
@@ -120,4 +121,25 @@ def test_list_and_dump_presets(capsys):
     assert simulate_main(["--list-presets"]) == 0
     assert "seed:" in capsys.readouterr().out
     assert simulate_main(["--dump-preset", "seed"]) == 0
-    assert yaml.safe_load(capsys.readouterr().out)["name"] == "seed"
+    dumped = yaml.safe_load(capsys.readouterr().out)
+    assert dumped["name"] == "seed" and dumped["async_training"]["mini_batch_size"] == 128
+    assert Scenario.from_dict(dumped).to_dict() == get_preset("seed").to_dict()  # a starting point that loads back
+
+
+_RUN = {"name": "r", "train_devices": 2, "rollout_devices": 2}
+
+
+@pytest.mark.parametrize(
+    ("old", "rewrite"),
+    [
+        ({"required_samples": 8}, "write `async_training: {mini_batch_size: 8}` instead"),
+        ({"runs": [{**_RUN, "sequencing": "overlap_sync"}]}, "write `async_training: {overlap_sync: true}` instead"),
+    ],
+)
+def test_an_old_flat_scenario_file_is_refused_with_the_new_spelling(tmp_path, capsys, old, rewrite):
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump({"name": "old", "runs": [_RUN], **old}))
+    with pytest.raises(SystemExit):
+        simulate_main([str(path), "--json"])
+    err = capsys.readouterr().err
+    assert rewrite in err and "docs/simulator.md" in err
