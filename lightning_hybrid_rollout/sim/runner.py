@@ -33,8 +33,7 @@ import dataclasses
 import json
 import logging
 import math
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -42,301 +41,35 @@ from lightning_hybrid_rollout import metrics as M
 from lightning_hybrid_rollout.schedule import DynamicResourceController, StepEndResult, create_policy
 from lightning_hybrid_rollout.schedule.cycle import CycleEnd, CycleLedger, ProductionByRole, RunShape, Totals
 from lightning_hybrid_rollout.schedule.rate_matched_policy import RateScheduleContext
-from lightning_hybrid_rollout.sim.scenario import ReplicaModel, RunSpec, Scenario
-from lightning_hybrid_rollout.sim.world import ProductionWindow, RolloutWorld, SimReplica, SimSample, SimulationError
+from lightning_hybrid_rollout.sim.bound import balance_bound, bound_terms
+from lightning_hybrid_rollout.sim.pool import SimReplicaPool
+from lightning_hybrid_rollout.sim.results import (
+    BREAKDOWN_HELP,
+    BREAKDOWN_KEYS,
+    GAP_HELP,
+    GAP_KEYS,
+    RunResult,
+    ScenarioResult,
+)
+from lightning_hybrid_rollout.sim.scenario import RunSpec, Scenario
+from lightning_hybrid_rollout.sim.world import ProductionWindow, RolloutWorld, SimSample, SimulationError
 from lightning_hybrid_rollout.trace import TRAINER_TRACK, TraceWriter
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "BREAKDOWN_HELP",
     "BREAKDOWN_KEYS",
+    "GAP_HELP",
     "GAP_KEYS",
     "RunResult",
     "ScenarioResult",
     "SimReplicaPool",
+    "balance_bound",
+    "replace_run",
     "run_once",
     "simulate",
 ]
-
-#: The trainer-timeline buckets of a run's time breakdown (they sum to ``time_s``).
-BREAKDOWN_KEYS: tuple[str, ...] = (
-    "training_compute",
-    "startup_fill",
-    "waiting_hybrid_generating",
-    "waiting_idle",
-    "waiting_staleness_bound",
-    "hybrid_switching",
-    "weight_sync_standalone",
-    "weight_sync_hybrid",
-)
-#: Where a run's time beyond the balance term went (:meth:`RunResult.gap_s`, ``lhr simulate --gap``).
-GAP_HELP: dict[str, str] = {
-    "trainer_startup_fill": "trainer devices idle before the first batch (x rho)",
-    "trainer_waiting_idle": "trainer devices idle waiting for samples, hybrid asleep (x rho)",
-    "trainer_waiting_staleness_bound": "trainer devices idle while admission was blocked (x rho)",
-    "trainer_hybrid_switching": "trainer devices switching: wake, sleep, add/remove/abort, rebalance (x rho)",
-    "trainer_weight_sync_standalone": "trainer devices blocked by the standalone weight sync (x rho)",
-    "trainer_weight_sync_hybrid": "trainer devices syncing hybrid weights (x rho)",
-    "hybrid_below_own_peak": "hybrid replicas generating with fewer samples than their KV limit",
-    "hybrid_peak_below_rho": "hybrid replicas' peak below rho (the bound credits the best version's ratio)",
-    "standalone_paused_for_sync": "standalone replicas paused by their weight sync",
-    "standalone_not_serving_other": "standalone replicas not serving for another reason",
-    "standalone_below_peak": "standalone replicas with fewer samples than their limit (admission open)",
-    "standalone_below_peak_admission_blocked": "standalone replicas under-filled while admission was blocked",
-    "reprefill_after_standalone_sync_aborts": "re-prefill of samples aborted by the standalone weight sync",
-    "reprefill_after_standalone_aborts": "re-prefill of samples aborted on standalone replicas (rebalance)",
-    "reprefill_after_hybrid_aborts": "re-prefill of samples aborted on hybrid replicas (deactivation, rebalance)",
-    "drain_queued_untrained": "samples still queued at the end (generated, never trained)",
-    "drain_in_flight_untrained": "decoded part of samples still in flight at the end",
-    "residual": "decoding at a version whose best rate differs from the one G credits",
-}
-GAP_KEYS: tuple[str, ...] = tuple(GAP_HELP)
-
-BREAKDOWN_HELP: dict[str, str] = {
-    "training_compute": "the trainer computing (the only bucket the balance bound also pays, with generation)",
-    "startup_fill": "waiting for the very first batch (pipeline fill; hybrid replicas may help)",
-    "waiting_hybrid_generating": "waiting for samples while hybrid replicas generate on the trainer's devices",
-    "waiting_idle": "waiting for samples with the trainer's devices idle (hybrid asleep or absent)",
-    "waiting_staleness_bound": "idle waiting while admission was blocked by the staleness budget / queue bound",
-    "hybrid_switching": "hybrid wake-up, sleep, add/remove/resume/abort and rebalance",
-    "weight_sync_standalone": "weight sync to standalone replicas (paused, their requests in flight aborted)",
-    "weight_sync_hybrid": "weight sync to hybrid replicas (only when the policy activates them)",
-}
-
-
-@dataclass
-class RunResult:
-    """Everything one simulated run produced.
-
-    Args:
-        name, policy, train_devices, rollout_devices, hybrid: From the :class:`RunSpec` (policy None when static).
-        time_s: Virtual seconds until the last step's weight sync finished.
-        work_bound_s: This run's own balance bound: (its trained samples' generation + training device-seconds)
-            / devices.
-        breakdown_s: Trainer-timeline buckets (:data:`BREAKDOWN_KEYS`), summing to ``time_s``.
-        resource_utilization: Seed §4.3 over the whole run (same formula, run totals).
-        steps: Per sync cycle: the ``dynamic_resource/*`` metrics plus ``sim/*`` extras.
-        activations, deactivations: Completed hybrid switches.
-        generated, consumed, queued, outstanding, admitted: Sample counts at the end.
-        efficiency: ``balance_bound_s / time_s`` (filled in by :func:`simulate`).
-        trace_path: The run's trace file, if one was written.
-        gap_s: Where the run's time beyond its balance term went (:data:`GAP_KEYS`, see :meth:`_Run._gap`);
-            not part of the JSON output.
-    """
-
-    name: str
-    policy: str | None
-    train_devices: int
-    rollout_devices: int
-    hybrid: bool
-    time_s: float
-    work_bound_s: float
-    breakdown_s: dict[str, float]
-    resource_utilization: float
-    steps: list[dict[str, float]] = field(default_factory=list)
-    activations: int = 0
-    deactivations: int = 0
-    generated: int = 0
-    consumed: int = 0
-    queued: int = 0
-    outstanding: int = 0
-    admitted: int = 0
-    efficiency: float = 0.0
-    trace_path: str | None = None
-    gap_s: dict[str, float] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        """The run's entry in ``lhr simulate --json`` (exactly the documented keys)."""
-        return {
-            "name": self.name,
-            "policy": self.policy,
-            "train_devices": self.train_devices,
-            "rollout_devices": self.rollout_devices,
-            "hybrid": self.hybrid,
-            "time_s": self.time_s,
-            "efficiency": self.efficiency,
-            "resource_utilization": self.resource_utilization,
-            "breakdown_s": dict(self.breakdown_s),
-        }
-
-
-@dataclass
-class ScenarioResult:
-    """All runs of a scenario and its balance bound.
-
-    Args:
-        scenario: Scenario name.
-        balance_bound_s: The least of the runs' own balance bounds (so no run can beat it).
-        runs: The runs, in scenario order.
-    """
-
-    scenario: str
-    balance_bound_s: float
-    runs: list[RunResult]
-
-    def run(self, name: str) -> RunResult:
-        """The run called ``name``."""
-        for r in self.runs:
-            if r.name == name:
-                return r
-        raise KeyError(f"no run {name!r}; runs: {[r.name for r in self.runs]}")
-
-    def to_json(self) -> dict[str, Any]:
-        """The ``lhr simulate --json`` object."""
-        return {
-            "scenario": self.scenario,
-            "balance_bound_s": self.balance_bound_s,
-            "runs": [r.to_json() for r in self.runs],
-        }
-
-
-# ----------------------------------------------------------------------------------------------------- pool
-
-
-class SimReplicaPool:
-    """The controller's :class:`~lightning_hybrid_rollout.schedule.ReplicaPool`, on the virtual clock.
-
-    Each method changes the hybrid replicas' state in the world and advances the clock by its cost (the trainer is
-    blocked meanwhile; standalone replicas keep generating), charging the trainer-timeline bucket it belongs to.
-
-    Args:
-        world: The rollout world.
-        scenario: For the switch costs.
-        charge: ``charge(bucket, seconds, trace_name, args)`` records trainer time.
-    """
-
-    def __init__(
-        self, world: RolloutWorld, scenario: Scenario, charge: Callable[[str, float, str, dict[str, Any]], None]
-    ) -> None:
-        self.world = world
-        self.costs = scenario.switch
-        self._charge = charge
-        #: Param version the hybrid replicas hold (-1: none; they start asleep without weights).
-        self.synced_version = -1
-
-    @property
-    def replicas(self) -> list[SimReplica]:
-        """The hybrid replicas."""
-        return self.world.hybrid
-
-    def _spend(self, bucket: str, seconds: float, op: str) -> None:
-        w = self.world
-        t0 = w.now
-        w.advance_to(t0 + seconds)
-        if bucket == "weight_sync_hybrid":
-            self._charge(bucket, w.now - t0, "weight_sync", {"op": op, "target": "hybrid"})
-        else:
-            self._charge(bucket, w.now - t0, "switching", {"op": op})
-
-    def wake_up_replicas(self) -> None:
-        """Weights, then KV cache back on the trainer's devices (a no-op if already awake)."""
-        if all(r.awake for r in self.replicas):
-            return
-        self.world.set_state(self.replicas, "switching", serving=False, routable=False)
-        self._spend("hybrid_switching", self.costs.wake_s, "wake_up_replicas")
-        for r in self.replicas:
-            r.awake = True
-
-    def sync_weights(self) -> None:
-        """Push the trainer's weights to the hybrid replicas (a no-op if they already hold this version)."""
-        if self.synced_version == self.world.version:
-            return
-        self.synced_version = self.world.version
-        self.world.set_state(self.replicas, "syncing", serving=False)
-        self._spend("weight_sync_hybrid", self.costs.hybrid_sync_s, "sync_weights")
-
-    def add_replicas(self) -> None:
-        """Register the hybrid replicas in the load balancer (routable once resumed)."""
-        self._spend("hybrid_switching", self.costs.add_s, "add_replicas")
-
-    def resume_generation_replicas(self) -> None:
-        """The hybrid replicas accept requests."""
-        self.world.set_state(self.replicas, "active", serving=True, routable=True)
-        self._spend("hybrid_switching", self.costs.resume_s, "resume_generation_replicas")
-
-    def remove_replicas(self) -> None:
-        """Cut routing to the hybrid replicas (their in-flight samples keep decoding until aborted)."""
-        self.world.set_state(
-            self.replicas,
-            self.replicas[0].state if self.replicas else "active",
-            serving=any(r.serving for r in self.replicas),
-            routable=False,
-        )
-        self._spend("hybrid_switching", self.costs.remove_s, "remove_replicas")
-
-    def abort_replicas(self) -> None:
-        """Abort their in-flight samples; partial-rollout retries go to the routable (standalone) replicas."""
-        self.world.abort(self.replicas)
-        self._spend("hybrid_switching", self.costs.abort_s, "abort_replicas")
-
-    def sleep_replicas(self) -> None:
-        """Release KV cache and offload weights: the devices return to the trainer."""
-        self.world.abort([r for r in self.replicas if r.members])  # nothing may keep decoding on a sleeping engine
-        self.world.set_state(self.replicas, "switching", serving=False, routable=False)
-        self._spend("hybrid_switching", self.costs.sleep_s, "sleep_replicas")
-        for r in self.replicas:
-            r.awake = False
-        self.synced_version = -1  # sleeping engines drop their weights
-        self.world.set_state(self.replicas, "parked", serving=False, routable=False)
-
-    def rebalance_requests(self) -> None:
-        """Clear sticky routing, abort in-flight samples on all routable replicas, re-route least-loaded."""
-        self.world.abort([r for r in self.world.replicas if r.routable])
-        self._spend("hybrid_switching", self.costs.rebalance_s, "rebalance_requests")
-
-
-# --------------------------------------------------------------------------------------------------- runner
-
-
-def _peak_tokens_per_device_s(scenario: Scenario, model: ReplicaModel, version: float) -> float:
-    """Best decode tokens/s per device a replica of ``model`` reaches at ``version`` (its KV limit then)."""
-    limit = model.run_limit(scenario.cap_of(model), scenario.lengths.context_at(version))
-    return model.throughput(limit, limit) / model.devices
-
-
-def balance_bound(
-    scenario: Scenario,
-    run: RunSpec,
-    samples: Iterable[SimSample],
-    train_device_s: float,
-    progress_at: dict[int, float] | None = None,
-) -> float:
-    """The run's balance bound: its work on its devices with perfect balance and free switching.
-
-    Generation work is counted in standalone device-seconds, ``G = Σ length_i / s_i`` with ``s_i`` the best
-    standalone rate per device (tokens/s) over the versions sample ``i`` was decoded in (the KV limit follows the
-    drifting mean length). Trainer devices train ``W`` device-seconds in all and may generate, like hybrid replicas,
-    at ``ρ`` standalone device-seconds per second (``ρ`` = the best hybrid/standalone speed ratio of the run's
-    versions). No schedule can beat ``max(W/T, (G + ρ·W) / (S + ρ·T))`` (``T``/``S`` trainer/rollout devices).
-    With hybrid replicas as fast as standalone ones (``ρ = 1``) this is the issue's ``(G + W) / (T + S)``.
-    ``progress_at`` maps a param version to the training progress the length model followed then (default: the
-    version itself, see ``RunSpec.early_first_sync``).
-    """
-    gen, rho = _bound_terms(scenario, samples, progress_at)
-    T, S = run.train_devices, run.rollout_devices
-    return max(train_device_s / T, (gen + rho * train_device_s) / (S + rho * T))
-
-
-def _bound_terms(
-    scenario: Scenario, samples: Iterable[SimSample], progress_at: dict[int, float] | None = None
-) -> tuple[float, float]:
-    """``(G, ρ)`` of :func:`balance_bound`."""
-    progress = progress_at or {v: float(v) for v in range(scenario.steps + 1)}
-    rates: dict[tuple[str, int], float] = {}
-
-    def rate(kind: str, v: int) -> float:
-        key = (kind, v)
-        if key not in rates:
-            model = scenario.replica if kind == "s" else scenario.hybrid_model
-            rates[key] = _peak_tokens_per_device_s(scenario, model, progress.get(v, float(v)))
-        return rates[key]
-
-    gen = 0.0
-    for smp in samples:
-        last = smp.max_version if smp.max_version is not None else max(progress)
-        gen += smp.length / max(rate("s", smp.admitted_version), rate("s", last))
-    rho = max(rate("h", v) / rate("s", v) for v in progress)
-    return gen, rho
 
 
 class _Run:
@@ -670,7 +403,7 @@ class _Run:
         the one ``G`` credits).
         """
         sc, run, w = self.sc, self.run, self.world
-        gen, rho = _bound_terms(sc, self.trained, dict(w.progress_at))
+        gen, rho = bound_terms(sc, self.trained, dict(w.progress_at))
         T, S = run.train_devices, run.rollout_devices
         scale = S + rho * T
         acc = w.device_account
