@@ -294,9 +294,7 @@ class HybridRolloutCallback(Callback):
             tokenizer=self._tokenizer,
             run_dir=self._run_dir,
             trace=self.trace,
-            before_wake=self._need_devices,
-            weights=lambda: self._cycle_weights or [],
-            weight_version=lambda: self.param_version,
+            trainer=_TrainerLink(self),
         )
         self._runtime.start()
         self._controller = DynamicResourceController(
@@ -735,6 +733,22 @@ class HybridRolloutCallback(Callback):
             pool = self._runtime.pool
             for method in ("wake_up_replicas", "sync_weights", "add_replicas", "resume_generation_replicas"):
                 getattr(pool, method)()
+
+
+class _TrainerLink:
+    """The callback as the hybrid pool's :class:`~lightning_hybrid_rollout.lightning.runtime.TrainerLink`."""
+
+    def __init__(self, callback: HybridRolloutCallback) -> None:
+        self._cb = callback
+
+    def need_devices(self) -> None:
+        self._cb._need_devices()
+
+    def cycle_weights(self) -> list[tuple[str, torch.Tensor]]:
+        return self._cb._cycle_weights or []
+
+    def weight_version(self) -> int:
+        return self._cb.param_version
 
 
 def _redact_what_loggers_write(trainer: Trainer) -> None:

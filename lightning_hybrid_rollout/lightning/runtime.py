@@ -11,15 +11,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from lightning_hybrid_rollout.config import AsyncTrainingConfig, RolloutConfig
 from lightning_hybrid_rollout.rollout.engine import SamplingSpec
+from lightning_hybrid_rollout.rollout.event_loop import EventLoopThread
 from lightning_hybrid_rollout.rollout.message_queue import MessageQueue
 from lightning_hybrid_rollout.rollout.sample import Sample
 from lightning_hybrid_rollout.tasks.base import Task
@@ -92,22 +92,6 @@ def pin_trainer_process(cores: Sequence[int]) -> list[int] | None:
     return pinned
 
 
-class _LoopThread:
-    """A private asyncio loop in a daemon thread, for the runtime's control calls to Ray actors."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="lhr-runtime", daemon=True)
-        self._thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(5)
-
-
 @dataclass
 class OverlapReport:
     """Timings of :meth:`RolloutRuntime.push_standalone_overlapped` (``time.monotonic()`` readings).
@@ -154,6 +138,35 @@ class OverlapReport:
         return max(0.0, self.standalone_s + self.wake_s + self.hybrid_sync_s - self.wall_s)
 
 
+class TrainerLink(Protocol):
+    """What the hybrid pool asks of the trainer side (the callback implements it; a test passes a fake)."""
+
+    def need_devices(self) -> None:
+        """Right before hybrid engines wake on the trainer's devices: every rank offloads (the rank protocol)."""
+        ...
+
+    def cycle_weights(self) -> list[tuple[str, Any]]:
+        """The trainer's current full weights, ``[(name, tensor), ...]`` (rank 0, gathered at the cycle end)."""
+        ...
+
+    def weight_version(self) -> int:
+        """The current parameter version."""
+        ...
+
+
+class NoTrainer:
+    """A :class:`TrainerLink` with nothing to offload, no weights and version 0 (benchmarks, bare runtimes)."""
+
+    def need_devices(self) -> None:
+        pass
+
+    def cycle_weights(self) -> list[tuple[str, Any]]:
+        return []
+
+    def weight_version(self) -> int:
+        return 0
+
+
 class HybridReplicaPool:
     """The controller's :class:`~lightning_hybrid_rollout.schedule.ReplicaPool` over the real hybrid replicas.
 
@@ -195,20 +208,20 @@ class HybridReplicaPool:
             self.calls.append("wake_up_replicas (no-op: awake)")
             return
         self.calls.append("wake_up_replicas")
-        self._rt.before_wake()
+        self._rt.trainer.need_devices()
         self._rt.set_state(self.ids, "switching")
         self._all(lambda r: r.wake_up())
         self.awake = True
 
     def sync_weights(self) -> None:
-        version = self._rt.weight_version()
+        version = self._rt.trainer.weight_version()
         if self.awake and self.weights_version == version:  # prepared under the standalone sync (overlap_sync)
             self.calls.append("sync_weights (no-op: current)")
             return
         self.calls.append("sync_weights")
         self._rt.set_state(self.ids, "syncing")
         t0 = time.monotonic()
-        self._rt.push(self._rt.weights(), self.replicas, version)
+        self._rt.push(self._rt.trainer.cycle_weights(), self.replicas, version)
         self.cycle_sync_s += time.monotonic() - t0
         self.weights_version = version
         self._rt.set_state(self.ids, "switching")
@@ -216,8 +229,9 @@ class HybridReplicaPool:
     async def wake_and_sync_async(self, weights: list[tuple[str, Any]], version: int) -> tuple[float, float]:
         """Wake the hybrid engines, then push ``weights`` to them, on the runtime's loop (``overlap_sync``).
 
-        Unlike :meth:`wake_up_replicas` it does not call ``before_wake``: the caller offloaded the training state
-        first (on the trainer's thread, with every rank). Returns the clock readings ``(woken_s, synced_s)``.
+        Unlike :meth:`wake_up_replicas` it does not call ``trainer.need_devices()``: the caller offloaded the
+        training state first (on the trainer's thread, with every rank). Returns the clock readings
+        ``(woken_s, synced_s)``.
         """
         self.calls.append("wake_up_replicas (overlapped)")
         self._rt.set_state(self.ids, "switching")
@@ -341,9 +355,8 @@ class RolloutRuntime(RuntimeQueries):
         tokenizer: The model's tokenizer (Hugging Face).
         run_dir: Run directory (vLLM temp files, the trace).
         trace: Write ``trace.json`` (Chrome trace events) to ``run_dir``.
-        before_wake: Called right before hybrid engines wake (the trainer offloads its state there).
-        weights: Returns the trainer's current full weights, ``[(name, tensor), ...]``.
-        weight_version: Returns the current parameter version.
+        trainer: What the hybrid pool asks of the trainer side (:class:`TrainerLink`; default: nothing to offload,
+            no weights, version 0).
     """
 
     def __init__(
@@ -354,25 +367,22 @@ class RolloutRuntime(RuntimeQueries):
         tokenizer: Any,
         run_dir: str | os.PathLike[str],
         trace: bool = True,
-        before_wake: Callable[[], None] = lambda: None,
-        weights: Callable[[], list[tuple[str, Any]]] = list,
-        weight_version: Callable[[], int] = lambda: 0,
+        trainer: TrainerLink | None = None,
     ) -> None:
         self.rollout = rollout
         self.async_training = async_training
         self.task = task
         self.tokenizer = tokenizer
         self.run_dir = Path(run_dir)
-        self.before_wake = before_wake
-        self.weights = weights
-        self.weight_version = weight_version
+        self.trainer: TrainerLink = trainer if trainer is not None else NoTrainer()
         self.queue = MessageQueue(maxsize=async_training.max_required_samples)
         self.standalone: list[Any] = []
         self.hybrid: list[Any] = []
         self.pool = HybridReplicaPool(self)
         self.rollouter: Any = None
         self.ray: Any = None
-        self.loop: _LoopThread = _LoopThread()
+        #: The trainer process's one event loop: the rollouter produces on it, the control calls run on it.
+        self.loop = EventLoopThread("lhr-runtime")
         self.last_sync_report: Any = None
         self.standalone_sync_reports: list[Any] = []
         self.last_hybrid_sync_report: Any = None
@@ -472,9 +482,9 @@ class RolloutRuntime(RuntimeQueries):
         return self
 
     def start_generation(self) -> None:
-        """Start producing samples (the rollouter's loop thread)."""
+        """Start producing samples, on the runtime's event loop."""
         if not self.rollouter.is_running:
-            self.rollouter.start()
+            self.rollouter.start(loop_thread=self.loop)
 
     def stop(self) -> None:
         """Stop the rollouter, the replicas and Ray (no leftover processes), and close the trace."""

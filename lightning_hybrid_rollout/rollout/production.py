@@ -147,23 +147,16 @@ class ProductionLoop:
 
     # ================================================================== the loop
 
-    def _thread_main(self, ready: threading.Event) -> None:
+    def _begin(self) -> None:
+        """On the loop's thread: the loop-side events and the main task (the loop itself runs elsewhere)."""
         loop = self._loop
         assert loop is not None
-        asyncio.set_event_loop(loop)
         self._wake = asyncio.Event()
         self._gate = asyncio.Event()
         self._space = asyncio.Event()
         if not self._paused:
             self._gate.set()
         self._main_task = loop.create_task(self._main())
-        ready.set()
-        try:
-            loop.run_forever()
-        finally:
-            for task in asyncio.all_tasks(loop):
-                task.cancel()
-            loop.run_until_complete(asyncio.sleep(0))
 
     async def _main(self) -> None:
         assert self._wake is not None

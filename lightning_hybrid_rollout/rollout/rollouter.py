@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 from lightning_hybrid_rollout.errors import RolloutError as RolloutError  # re-exported
 from lightning_hybrid_rollout.rollout.engine import SamplingSpec
+from lightning_hybrid_rollout.rollout.event_loop import EventLoopThread
 from lightning_hybrid_rollout.rollout.load_balancer import LoadBalancer, ReplicaLike
 from lightning_hybrid_rollout.rollout.message_queue import MessageQueue
 from lightning_hybrid_rollout.rollout.production import ProductionLoop
@@ -142,19 +143,27 @@ class Rollouter(ProductionLoop):
             name=name,
         )
         self._thread: threading.Thread | None = None
+        self._loop_thread: EventLoopThread | None = None
+        self._owns_loop = False
+        self._stopped = False
 
     # ================================================================== lifecycle (trainer thread)
 
-    def start(self) -> None:
-        """Start the event loop thread and begin producing samples."""
+    def start(self, loop_thread: EventLoopThread | None = None) -> None:
+        """Begin producing samples on ``loop_thread`` (the trainer process's one loop), or on a loop of its own.
+
+        Args:
+            loop_thread: The event-loop thread to produce on (the runtime's); None starts one the rollouter owns and
+                closes at :meth:`stop`.
+        """
         if self._started:
             raise RuntimeError(f"{self.name} was already started; create a new Rollouter (load its state_dict)")
         self._started = True
-        self._loop = asyncio.new_event_loop()
-        ready = threading.Event()
-        self._thread = threading.Thread(target=self._thread_main, args=(ready,), name=self.name, daemon=True)
-        self._thread.start()
-        ready.wait()
+        self._owns_loop = loop_thread is None
+        self._loop_thread = loop_thread if loop_thread is not None else EventLoopThread(self.name)
+        self._loop = self._loop_thread.loop
+        self._thread = self._loop_thread.thread
+        self._loop_thread.call(self._begin)
 
     def stop(self, timeout: float = 30.0, *, abort_in_flight: bool = True) -> None:
         """Stop producing and join the thread; unfinished samples stay in :meth:`state_dict`.
@@ -164,15 +173,14 @@ class Rollouter(ProductionLoop):
             abort_in_flight: Abort requests running on the replicas (frees the engines; their partial output is
                 kept as the samples' prefix).
         """
-        if self._loop is None or self._thread is None or not self._thread.is_alive():
+        if self._loop_thread is None or not self._loop_thread.is_alive or self._stopped:
             return
         try:
             self._call(self._shutdown(abort_in_flight, timeout), timeout=timeout + 5)
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout)
-            if not self._thread.is_alive():
-                self._loop.close()
+            self._stopped = True
+            if self._owns_loop:
+                self._loop_thread.close(timeout)
 
     def __enter__(self) -> Rollouter:
         self.start()
@@ -322,6 +330,11 @@ class Rollouter(ProductionLoop):
         return self._loop
 
     @property
+    def loop_thread(self) -> EventLoopThread | None:
+        """The event-loop thread the rollouter produces on (its own, or the one given to :meth:`start`)."""
+        return self._loop_thread
+
+    @property
     def in_flight(self) -> int:
         """Samples dispatched and not finished (parked ones included)."""
         return self._in_flight
@@ -339,7 +352,7 @@ class Rollouter(ProductionLoop):
     @property
     def is_running(self) -> bool:
         """Whether the loop thread is alive and producing."""
-        return self._thread is not None and self._thread.is_alive() and not self._stopping
+        return self._loop_thread is not None and self._loop_thread.is_alive and not self._stopping
 
     def state_dict(self) -> dict[str, Any]:
         """Counters, unfinished prompt groups (with their generated prefixes) and the queue's buffered samples.
@@ -363,11 +376,11 @@ class Rollouter(ProductionLoop):
 
     def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run a control coroutine on the loop from another thread (or inline before start/after stop)."""
-        loop = self._loop
-        thread = self._thread
-        if loop is None or thread is None or not thread.is_alive() or loop.is_closed():
+        lt = self._loop_thread
+        if lt is None or not lt.is_alive:
             return asyncio.run(coro)
-        if threading.current_thread() is thread:
+        loop = lt.loop
+        if lt.in_loop_thread():
             coro.close()
             raise RuntimeError(
                 f"{self.name}: synchronous control methods cannot be called from the rollouter's own event loop "

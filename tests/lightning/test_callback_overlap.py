@@ -20,7 +20,7 @@ import torch
 
 from lightning_hybrid_rollout import metrics as M
 from lightning_hybrid_rollout.config import AsyncTrainingConfig, ConfigError, RolloutConfig
-from lightning_hybrid_rollout.lightning.callback import HybridRolloutCallback
+from lightning_hybrid_rollout.lightning.callback import HybridRolloutCallback, _TrainerLink
 from lightning_hybrid_rollout.lightning.runtime import RolloutRuntime
 from lightning_hybrid_rollout.rollout import weight_sync
 from lightning_hybrid_rollout.rollout.engine import SamplingSpec
@@ -184,9 +184,7 @@ def drive(
             tokenizer=None,
             run_dir=tmp_path,
             trace=False,
-            before_wake=cb._need_devices,
-            weights=lambda: cb._cycle_weights or [],
-            weight_version=lambda: cb.param_version,
+            trainer=_TrainerLink(cb),
         )
         rt.standalone = [
             _TimedReplica("standalone-0", token_latency=(0.0005, 0.001), seed=1, events=events),
@@ -555,3 +553,11 @@ def test_new_flags_default_off_and_are_checked() -> None:
         AsyncTrainingConfig(overlap_sync="yes")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="early_first_sync"):
         AsyncTrainingConfig(early_first_sync=1)  # type: ignore[arg-type]
+
+
+def test_the_runtime_and_its_rollouter_share_the_trainer_process_one_event_loop(
+    tmp_path: Path, fake_push: list[Any]
+) -> None:
+    run = drive(tmp_path, lambda phase, step: step == 1, steps=2)
+    rt = run["rt"]
+    assert rt.rollouter.loop_thread is rt.loop  # the weight pushes and the production run on one loop thread

@@ -34,9 +34,6 @@ def _runtime(tmp_path: Path, staged: bool, log: list[str]) -> RolloutRuntime:
         tokenizer=None,
         run_dir=tmp_path,
         trace=False,
-        before_wake=lambda: None,
-        weights=lambda: [],
-        weight_version=lambda: 0,
     )
     rt.standalone = [SimpleNamespace(replica_id="s0", role="standalone")]
     rt.rollouter = _Rollouter(log)  # type: ignore[assignment]
