@@ -150,7 +150,7 @@ def main() -> None:
 
     from lightning_hybrid_rollout.rollout.ray_runtime import RayRuntime
     from lightning_hybrid_rollout.rollout.replica import ReplicaSpec
-    from lightning_hybrid_rollout.rollout.vllm_engine import VLLMEngineConfig
+    from lightning_hybrid_rollout.rollout.vllm.config import VLLMEngineConfig
     from lightning_hybrid_rollout.tasks.tiny_model import build_tiny_model
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="lhr-bench-"))

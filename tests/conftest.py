@@ -71,7 +71,7 @@ def vllm_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def vllm_replicas(ray_runtime: Any, tiny_model_dir: Path, vllm_run_dir: Path) -> list[Any]:
     """Two real vLLM replicas of the tiny model: ``r0`` standalone on core 0, ``r1`` hybrid on core 1."""
     from lightning_hybrid_rollout.rollout.replica import ReplicaSpec
-    from lightning_hybrid_rollout.rollout.vllm_engine import VLLMEngineConfig
+    from lightning_hybrid_rollout.rollout.vllm.config import VLLMEngineConfig
 
     cfg = VLLMEngineConfig(
         model=str(tiny_model_dir), kv_cache_memory_bytes=64 * 2**20, max_model_len=512, run_dir=str(vllm_run_dir)

@@ -400,7 +400,7 @@ class RolloutRuntime(RuntimeQueries):
     # ----------------------------------------------------------------------------------------------- lifecycle
 
     def _engine_config(self) -> Any:
-        from lightning_hybrid_rollout.rollout.vllm_engine import VLLMEngineConfig
+        from lightning_hybrid_rollout.rollout.vllm.config import VLLMEngineConfig
 
         r = self.rollout
         return VLLMEngineConfig(
@@ -528,12 +528,12 @@ class RolloutRuntime(RuntimeQueries):
             weights: ``[(name, tensor), ...]``; nothing is pushed when empty.
             replicas: Target replica handles; nothing is pushed when empty.
             version: The weight version the replicas report afterwards.
-            **options: Passed to :func:`~lightning_hybrid_rollout.rollout.weight_sync.push_weights_async`.
+            **options: Passed to :func:`~lightning_hybrid_rollout.rollout.weights.push.push_weights_async`.
 
         Returns:
             ``(SyncReport or None, seconds)``.
         """
-        from lightning_hybrid_rollout.rollout.weight_sync import push_weights_async
+        from lightning_hybrid_rollout.rollout.weights.push import push_weights_async
 
         if not replicas or not weights:
             return None, 0.0

@@ -2,7 +2,7 @@
 
 The callback's real hooks drive a real :class:`RolloutRuntime` (never started: no Ray) whose replicas are in-process
 fakes with timed ``wake_up`` / ``sleep``, a real :class:`Rollouter`, the real :class:`HybridReplicaPool` and a real
-controller. Only ``weight_sync.push_weights_async`` is replaced by a fake that sleeps, so the tests can read from
+controller. Only ``weights.push.push_weights_async`` is replaced by a fake that sleeps, so the tests can read from
 timestamps what ran concurrently. The policy's decisions are scripted.
 """
 
@@ -22,9 +22,9 @@ from lightning_hybrid_rollout import metrics as M
 from lightning_hybrid_rollout.config import AsyncTrainingConfig, ConfigError, RolloutConfig
 from lightning_hybrid_rollout.lightning.callback import HybridRolloutCallback, _TrainerLink
 from lightning_hybrid_rollout.lightning.runtime import RolloutRuntime
-from lightning_hybrid_rollout.rollout import weight_sync
 from lightning_hybrid_rollout.rollout.engine import SamplingSpec
 from lightning_hybrid_rollout.rollout.rollouter import Rollouter
+from lightning_hybrid_rollout.rollout.weights import push
 from lightning_hybrid_rollout.schedule import DynamicResourceController
 from tests.rollout.fakes import FakeReplica, char_tokenize
 
@@ -125,7 +125,7 @@ def fake_push(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         events.add(f"push:{role}:end")
         return SimpleNamespace(version=version, seconds=rec["end"] - rec["start"])
 
-    monkeypatch.setattr(weight_sync, "push_weights_async", push_weights_async)
+    monkeypatch.setattr(push, "push_weights_async", push_weights_async)
     return pushes
 
 

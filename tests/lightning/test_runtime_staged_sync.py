@@ -12,7 +12,7 @@ import pytest
 
 from lightning_hybrid_rollout.config import AsyncTrainingConfig, ConfigError, RolloutConfig
 from lightning_hybrid_rollout.lightning.runtime import RolloutRuntime
-from lightning_hybrid_rollout.rollout import weight_sync
+from lightning_hybrid_rollout.rollout.weights import push
 
 
 class _Rollouter:
@@ -54,7 +54,7 @@ def fake_push(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         log.append("push:end")
         return SimpleNamespace(version=version)
 
-    monkeypatch.setattr(weight_sync, "push_weights_async", push_weights_async)
+    monkeypatch.setattr(push, "push_weights_async", push_weights_async)
     return log
 
 

@@ -72,7 +72,7 @@ def victim(ray_runtime, tiny_model_dir, vllm_run_dir):
     fixture before ``vllm_replicas`` and ``wait_ready`` it in the test.
     """
     from lightning_hybrid_rollout.rollout.replica import ReplicaHandle, ReplicaSpec
-    from lightning_hybrid_rollout.rollout.vllm_engine import VLLMEngineConfig
+    from lightning_hybrid_rollout.rollout.vllm.config import VLLMEngineConfig
 
     cfg = VLLMEngineConfig(
         model=str(tiny_model_dir), kv_cache_memory_bytes=64 * 2**20, max_model_len=512, run_dir=str(vllm_run_dir)
@@ -93,7 +93,7 @@ def reference(tiny_model_dir):
 
 
 def _push_reference_weights(model: Any, replicas: list[Any]) -> None:
-    from lightning_hybrid_rollout.rollout.weight_sync import push_weights
+    from lightning_hybrid_rollout.rollout.weights.push import push_weights
 
     push_weights(dict(model.state_dict()), replicas, version=WEIGHT_VERSION)
 
