@@ -18,6 +18,7 @@ from lightning_hybrid_rollout.config import (
     ConfigError,
     HybridRolloutConfig,
     RolloutConfig,
+    TinyModelConfig,
     field_docs,
     validate_run_config,
 )
@@ -323,7 +324,7 @@ def test_from_dict_validates_values():
 # documentation
 # ---------------------------------------------------------------------------------------------------------------
 
-CONFIG_CLASSES = (AsyncTrainingConfig, RolloutConfig, HybridRolloutConfig)
+CONFIG_CLASSES = (AsyncTrainingConfig, RolloutConfig, HybridRolloutConfig, TinyModelConfig)
 
 
 @pytest.mark.parametrize("cls", CONFIG_CLASSES, ids=lambda c: c.__name__)
@@ -336,7 +337,7 @@ def test_every_field_has_an_attribute_docstring(cls):
 
 def test_docs_configuration_lists_every_field_with_its_default():
     text = (REPO / "docs" / "configuration.md").read_text()
-    for cls in (AsyncTrainingConfig, RolloutConfig):
+    for cls in (AsyncTrainingConfig, RolloutConfig, TinyModelConfig):
         for f in dataclasses.fields(cls):
             assert re.search(rf"^\| `{f.name}` \|", text, re.M), f"docs/configuration.md misses {cls.SECTION}.{f.name}"
 
@@ -346,7 +347,11 @@ def test_docs_configuration_yaml_example_is_a_valid_config():
     blocks = re.findall(r"^```yaml\n(.*?)^```", text, re.S | re.M)
     assert blocks
     for block in blocks:
-        cfg = HybridRolloutConfig.from_dict(yaml.safe_load(block))
+        data = yaml.safe_load(block)
+        if set(data) == {"build_model"}:  # the callback's build_model: example
+            assert isinstance(TinyModelConfig.resolve(data["build_model"]), TinyModelConfig)
+            continue
+        cfg = HybridRolloutConfig.from_dict(data)
         assert isinstance(cfg, HybridRolloutConfig)
 
 
@@ -366,3 +371,23 @@ def test_importing_config_does_not_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+def test_build_model_is_off_the_defaults_or_a_typed_mapping_and_a_bad_value_says_how_to_write_it():
+    assert TinyModelConfig.resolve(False) is None and TinyModelConfig.resolve(None) is None
+    assert TinyModelConfig.resolve(True) == TinyModelConfig()
+    cfg = TinyModelConfig.resolve({"hidden": 64, "format_warmup_steps": 5})
+    assert cfg is not None and (cfg.hidden, cfg.format_warmup_steps) == (64, 5)
+    assert "format_warmup_steps" not in cfg.build_kwargs() and cfg.build_kwargs()["hidden"] == 64
+    with pytest.raises(ConfigError, match="`build_model: true`"):
+        TinyModelConfig.resolve("maybe")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=re.escape("build_model has no key 'hiden'. Did you mean 'hidden'")):
+        TinyModelConfig.resolve({"hiden": 64})
+    with pytest.raises(ConfigError, match=re.escape("build_model.format_warmup_steps")):
+        TinyModelConfig(format_warmup_steps=-1)
+
+
+def test_the_wait_timeout_is_an_async_training_key():
+    assert AsyncTrainingConfig().wait_timeout_s == 600.0
+    with pytest.raises(ConfigError, match=re.escape("async_training.wait_timeout_s")):
+        AsyncTrainingConfig(wait_timeout_s=0)

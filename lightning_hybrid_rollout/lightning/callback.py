@@ -37,7 +37,13 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from lightning_hybrid_rollout import metrics as M
-from lightning_hybrid_rollout.config import AsyncTrainingConfig, ConfigError, RolloutConfig, validate_run_config
+from lightning_hybrid_rollout.config import (
+    AsyncTrainingConfig,
+    ConfigError,
+    RolloutConfig,
+    TinyModelConfig,
+    validate_run_config,
+)
 from lightning_hybrid_rollout.lightning.rank_protocol import BoundaryProtocol
 from lightning_hybrid_rollout.rollout.sample import Sample
 from lightning_hybrid_rollout.schedule import (
@@ -64,11 +70,9 @@ class HybridRolloutCallback(Callback):
         async_training: The seed's ``async_training`` section (policy, ratio, staleness, sync cadence, ...).
         task: Name of a built-in task (``"arithmetic"``, ``"reverse"``, ...) providing prompts and the reward.
         task_kwargs: Extra keyword arguments for the task's constructor.
-        build_model: If ``rollout.model_path`` does not exist yet, build a tiny local model there (CPU quickstart).
-        build_model_kwargs: Keyword arguments for :func:`~lightning_hybrid_rollout.tasks.tiny_model.build_tiny_model`.
-        format_warmup_steps: Supervised warm-up steps on the task's answer *shape* (random answers) applied when the
-            model is built, so a random-init model learns the format before RL (DESIGN §7). 0 disables it.
-        wait_timeout_s: Longest the trainer waits for samples before failing with a clear error.
+        build_model: If ``rollout.model_path`` holds no model yet, build a tiny local one there (CPU quickstart):
+            ``True`` for the defaults, or a :class:`~lightning_hybrid_rollout.config.TinyModelConfig` (its size,
+            seed and ``format_warmup_steps``). The trainer's wait limit is ``async_training.wait_timeout_s``.
         trace: Write a Chrome trace-event file ``trace.json`` of replica states and trainer phases to the run dir.
         run_dir: Where Ray temp files, the trace and replica logs go (default: ``trainer.default_root_dir``).
 
@@ -83,10 +87,7 @@ class HybridRolloutCallback(Callback):
         async_training: AsyncTrainingConfig | None = None,
         task: str = "arithmetic",
         task_kwargs: dict[str, Any] | None = None,
-        build_model: bool = False,
-        build_model_kwargs: dict[str, Any] | None = None,
-        format_warmup_steps: int = 0,
-        wait_timeout_s: float = 600.0,
+        build_model: bool | TinyModelConfig = False,
         trace: bool = True,
         run_dir: str | None = None,
     ) -> None:
@@ -96,14 +97,10 @@ class HybridRolloutCallback(Callback):
         validate_run_config(self.async_training, self.rollout)
         if not self.rollout.model_path:
             raise ConfigError(["rollout.model_path must be set: the directory of a Hugging Face causal LM"])
-        if format_warmup_steps < 0:
-            raise ConfigError([f"format_warmup_steps must be >= 0, got {format_warmup_steps}"])
         self.task_name = task
         self.task_kwargs = dict(task_kwargs or {})
-        self.build_model = build_model
-        self.build_model_kwargs = dict(build_model_kwargs or {})
-        self.format_warmup_steps = format_warmup_steps
-        self.wait_timeout_s = wait_timeout_s
+        #: The tiny model to build at ``rollout.model_path`` if it holds none (None: never build).
+        self.build_model = TinyModelConfig.resolve(build_model)
         self.trace = trace
         self.run_dir = run_dir
 
@@ -238,7 +235,7 @@ class HybridRolloutCallback(Callback):
         problems = model_path_problems(
             self.rollout.model_path,
             module_path,
-            build_model=self.build_model,
+            build_model=self.build_model is not None,
             run_dir=self.run_dir or trainer.default_root_dir,
             module_key=f"{type(pl_module).__name__}(model_path=...)",
             check_disk=check_disk,
@@ -250,7 +247,7 @@ class HybridRolloutCallback(Callback):
         path = Path(self.rollout.model_path)
         if (path / "config.json").exists():
             return
-        if not self.build_model:
+        if self.build_model is None:
             raise ConfigError(
                 [
                     f"rollout.model_path {str(path)!r} holds no model (no config.json): point it at a Hugging Face "
@@ -261,11 +258,13 @@ class HybridRolloutCallback(Callback):
         from lightning_hybrid_rollout.tasks.tiny_model import build_tiny_model
 
         rank_zero_info(f"[lhr] building a tiny model at {path}")
-        build_tiny_model(path, **self.build_model_kwargs)
-        if self.format_warmup_steps > 0:
-            self._format_warmup(path, get_task(self.task_name, **self.task_kwargs))
+        build_tiny_model(path, **self.build_model.build_kwargs())
+        if self.build_model.format_warmup_steps > 0:
+            self._format_warmup(
+                path, get_task(self.task_name, **self.task_kwargs), self.build_model.format_warmup_steps
+            )
 
-    def _format_warmup(self, path: Path, task: Any) -> None:
+    def _format_warmup(self, path: Path, task: Any, steps: int) -> None:
         """Supervised warm-up on the answer *shape* (random answers), saved back to ``path`` (DESIGN §7)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -275,10 +274,10 @@ class HybridRolloutCallback(Callback):
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         prompts = [p.prompt for p in task.sample_prompts(512, seed=self.rollout.seed + 12345)]
         t0 = self._clock()
-        losses = format_warmup(model, tokenizer, prompts, steps=self.format_warmup_steps, seed=self.rollout.seed)
+        losses = format_warmup(model, tokenizer, prompts, steps=steps, seed=self.rollout.seed)
         model.save_pretrained(path, safe_serialization=True)
         rank_zero_info(
-            f"[lhr] format warm-up: {self.format_warmup_steps} steps in {self._clock() - t0:.1f}s, "
+            f"[lhr] format warm-up: {steps} steps in {self._clock() - t0:.1f}s, "
             f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
         )
 
@@ -398,14 +397,14 @@ class HybridRolloutCallback(Callback):
 
     def _wait_queue(self, n: int) -> None:
         rt = self._runtime
-        deadline = self._clock() + self.wait_timeout_s
+        deadline = self._clock() + self.async_training.wait_timeout_s
         while not rt.wait_for_samples(n, timeout=1.0):
             rt.check_health()
             if self._clock() > deadline:
                 raise TimeoutError(
-                    f"waited {self.wait_timeout_s:.0f}s for {n} samples, the queue holds {rt.queue_size()}: the "
-                    "rollout replicas produce too slowly or have stalled (raise wait_timeout_s or check replica logs "
-                    f"under {self._run_dir})"
+                    f"waited {self.async_training.wait_timeout_s:.0f}s for {n} samples, the queue holds "
+                    f"{rt.queue_size()}: the rollout replicas produce too slowly or have stalled (raise "
+                    f"async_training.wait_timeout_s or check replica logs under {self._run_dir})"
                 )
 
     def _next_batch(self) -> list[Sample]:
@@ -415,7 +414,7 @@ class HybridRolloutCallback(Callback):
         t0 = self._clock()
         queue_before = rt.queue_size()
         self._wait_queue(n)
-        samples = rt.take_samples(n, timeout=self.wait_timeout_s)
+        samples = rt.take_samples(n, timeout=self.async_training.wait_timeout_s)
         waited = self._clock() - t0
         self._step_fetch_s = waited
         hybrid_on = bool(self._controller is not None and self._controller.is_hybrid_active)

@@ -30,9 +30,21 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from lightning_hybrid_rollout.config import AsyncTrainingConfig, ConfigError, RolloutConfig, validate_run_config
+from lightning_hybrid_rollout.config import (
+    AsyncTrainingConfig,
+    ConfigError,
+    RolloutConfig,
+    TinyModelConfig,
+    validate_run_config,
+)
 
 _CALLBACK_NAMES = ("HybridRolloutCallback",)
+#: Callback arguments that moved into a typed config, and how to write them now.
+_MOVED_CALLBACK_ARGS = {
+    "build_model_kwargs": "write its keys under `build_model:` instead, e.g. `build_model: {hidden: 128, layers: 2}`.",
+    "format_warmup_steps": "write it under `build_model:`, e.g. `build_model: {format_warmup_steps: 100}`.",
+    "wait_timeout_s": "write it as `async_training.wait_timeout_s`.",
+}
 _SUBCOMMANDS = ("fit", "validate", "test", "predict")
 _TOP_LEVEL_KEYS = ("seed_everything", "trainer", "model", "data", "ckpt_path", "weights_only", "config", "print_config")
 _MAX_LISTED = 16
@@ -292,7 +304,10 @@ def check_callback_args(where: str, init_args: Any, cls: type | None = None) -> 
     cls = cls or HybridRolloutCallback
     if not isinstance(init_args, Mapping):
         return [f"{where} must be a mapping of {cls.__name__} arguments, got {init_args!r}."]
-    problems = check_init_args(where, cls, init_args, skip=("rollout", "async_training", "task", "format_warmup_steps"))
+    moved = {k: fix for k, fix in _MOVED_CALLBACK_ARGS.items() if k in init_args}
+    problems = [f"{where}.{k} moved: {fix}" for k, fix in moved.items()]
+    rest = {k: v for k, v in init_args.items() if k not in moved}
+    problems += check_init_args(where, cls, rest, skip=("rollout", "async_training", "task", "build_model"))
     if "rollout" not in init_args:
         problems.append(f"{where}.rollout is missing: add a `rollout:` block with at least `model_path:`.")
     rollout = async_cfg = None
@@ -322,9 +337,10 @@ def check_callback_args(where: str, init_args: Any, cls: type | None = None) -> 
     task = init_args.get("task", "arithmetic")
     if task not in TASKS:
         problems.append(f"{where}.task must be one of {sorted(TASKS)}, got {task!r}.{_suggest(str(task), list(TASKS))}")
-    steps = init_args.get("format_warmup_steps", 0)
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
-        problems.append(f"{where}.format_warmup_steps must be an integer >= 0, got {steps!r}. Use 0 to disable it.")
+    try:
+        TinyModelConfig.resolve(init_args.get("build_model", False))
+    except ConfigError as err:
+        problems.extend(f"{where}.{p}" for p in err.problems)
     return problems
 
 
@@ -450,14 +466,14 @@ def _check_model_path(config: Mapping[str, Any], prefix: str) -> list[str]:
         rollout = args.get("rollout") if isinstance(args, Mapping) else None
         rollout_path = rollout.get("model_path") if isinstance(rollout, Mapping) else None
         build_model = args.get("build_model", False)
-        if not isinstance(rollout_path, str) or not rollout_path or not isinstance(build_model, bool):
+        if not isinstance(rollout_path, str) or not rollout_path or not isinstance(build_model, bool | Mapping):
             continue  # reported by the callback's checks
         run_dir = args.get("run_dir") or trainer.get("default_root_dir")
         problems.extend(
             model_path_problems(
                 rollout_path,
                 module_path if isinstance(module_path, str) else None,
-                build_model=build_model,
+                build_model=build_model is not False,
                 run_dir=run_dir if isinstance(run_dir, str) else None,
                 rollout_key=f"{prefix}trainer.callbacks[{i}].init_args.rollout.model_path",
                 module_key=f"{prefix}model.init_args.model_path",

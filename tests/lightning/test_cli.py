@@ -102,8 +102,23 @@ BAD_CONFIGS: list[tuple[str, Mutation, list[str]]] = [
     ),
     (
         "callback_argument_typo",
-        _rename("cb.format_warmup_steps", "format_warmup_step"),
-        [f"{CB}.format_warmup_step is not an argument of HybridRolloutCallback", "Did you mean 'format_warmup_steps'?"],
+        _rename("cb.task", "taks"),
+        [f"{CB}.taks is not an argument of HybridRolloutCallback", "Did you mean 'task'?"],
+    ),
+    (
+        "tiny_model_key_typo",
+        _rename("cb.build_model.format_warmup_steps", "format_warmup_step"),
+        [f"{CB}.build_model has no key 'format_warmup_step'", "Did you mean 'format_warmup_steps'?"],
+    ),
+    (
+        "negative_format_warmup_steps",
+        _set("cb.build_model.format_warmup_steps", -1),
+        [f"{CB}.build_model.format_warmup_steps", "got -1", "Use 0 to disable it"],
+    ),
+    (
+        "callback_argument_that_moved",
+        _set("cb.wait_timeout_s", 100.0),
+        [f"{CB}.wait_timeout_s moved", "`async_training.wait_timeout_s`"],
     ),
     (
         "negative_trigger_parameter_sync_step",

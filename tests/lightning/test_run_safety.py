@@ -51,7 +51,7 @@ def _config(run: Path, max_steps: int, wandb: bool) -> dict[str, Any]:
         )
     t["logger"] = loggers
     cb = t["callbacks"][0]["init_args"]
-    cb.update(format_warmup_steps=10)
+    cb["build_model"] = {**cb["build_model"], "format_warmup_steps": 10}
     if wandb:  # also: a rate_matched knob set in YAML reaches the policy
         cb["async_training"].update(
             dynamic_schedule_policy="rate_matched", dynamic_schedule_policy_kwargs={"gate_margin_fraction": 0.37}
