@@ -174,3 +174,15 @@ def test_every_error_of_the_package_subclasses_one_base() -> None:
         and any(getattr(b, "id", getattr(b, "attr", "")).endswith(("Error", "Exception")) for b in node.bases)
     ]
     assert not defined_elsewhere, defined_elsewhere
+
+
+def test_the_architecture_map_names_every_module() -> None:
+    """``docs/architecture.md`` is the map: every module of the package has its line in "Where things live"."""
+    text = (PKG.parent / "docs" / "architecture.md").read_text()
+    table = text.split("## Where things live", 1)[1].split("\n## ", 1)[0]
+    missing = [
+        str(p.relative_to(PKG))
+        for p in sorted(PKG.rglob("*.py"))
+        if f"`{p.relative_to(PKG).as_posix()}`" not in table
+    ]
+    assert not missing, f"docs/architecture.md's map misses {missing}"
