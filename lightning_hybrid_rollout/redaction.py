@@ -114,3 +114,29 @@ def install_log_redaction(*logger_names: str) -> None:
         for handler in logging.getLogger(name or None).handlers:
             if not any(isinstance(f, RedactingFilter) for f in handler.filters):
                 handler.addFilter(RedactingFilter())
+
+
+def redact_logger_hyperparams(loggers: Any) -> None:
+    """Mask secrets in what every logger writes: its hyperparameters (wrapped once) and the logs.
+
+    ``hparams.yaml`` (CSV/TensorBoard) and the W&B run config are written from ``log_hyperparams``; each logger's
+    method is wrapped once so what it receives is redacted.
+
+    Args:
+        loggers: The trainer's loggers (``trainer.loggers``).
+    """
+    install_log_redaction()
+    for lg in loggers:
+        if getattr(lg, "_lhr_redacted", False):
+            continue
+        original = lg.log_hyperparams
+
+        def log_hyperparams(params: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            if isinstance(params, Mapping):
+                params = redact(dict(params))
+            elif hasattr(params, "__dict__") and not isinstance(params, type):
+                params = redact(dict(vars(params)))
+            return _original(params, *args, **kwargs)
+
+        lg.log_hyperparams = log_hyperparams
+        lg._lhr_redacted = True

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,9 @@ from lightning_hybrid_rollout.config import (
     TinyModelConfig,
     validate_run_config,
 )
+from lightning_hybrid_rollout.lightning.model_prep import prepare_model
 from lightning_hybrid_rollout.lightning.rank_protocol import BoundaryProtocol
+from lightning_hybrid_rollout.redaction import redact_logger_hyperparams
 from lightning_hybrid_rollout.rollout.sample import Sample
 from lightning_hybrid_rollout.schedule import (
     DynamicResourceController,
@@ -185,14 +187,16 @@ class HybridRolloutCallback(Callback):
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._take_model_path(trainer, pl_module, check_disk=stage == "fit")
-        _redact_what_loggers_write(trainer)
+        redact_logger_hyperparams(trainer.loggers)
         if stage != "fit":
             return
         run_dir = Path(self.run_dir or trainer.default_root_dir)
         self._run_dir = run_dir
         if trainer.is_global_zero:
             run_dir.mkdir(parents=True, exist_ok=True)
-            self._prepare_model()
+            from lightning_hybrid_rollout.tasks import get_task
+
+            prepare_model(self.rollout, self.build_model, get_task(self.task_name, **self.task_kwargs))
         trainer.strategy.barrier("lhr_model_ready")
         from transformers import AutoTokenizer
 
@@ -242,44 +246,6 @@ class HybridRolloutCallback(Callback):
         )
         if problems:
             raise ConfigError(problems)
-
-    def _prepare_model(self) -> None:
-        path = Path(self.rollout.model_path)
-        if (path / "config.json").exists():
-            return
-        if self.build_model is None:
-            raise ConfigError(
-                [
-                    f"rollout.model_path {str(path)!r} holds no model (no config.json): point it at a Hugging Face "
-                    "causal LM directory, or set build_model: true to build the tiny CPU model there"
-                ]
-            )
-        from lightning_hybrid_rollout.tasks import get_task
-        from lightning_hybrid_rollout.tasks.tiny_model import build_tiny_model
-
-        rank_zero_info(f"[lhr] building a tiny model at {path}")
-        build_tiny_model(path, **self.build_model.build_kwargs())
-        if self.build_model.format_warmup_steps > 0:
-            self._format_warmup(
-                path, get_task(self.task_name, **self.task_kwargs), self.build_model.format_warmup_steps
-            )
-
-    def _format_warmup(self, path: Path, task: Any, steps: int) -> None:
-        """Supervised warm-up on the answer *shape* (random answers), saved back to ``path`` (DESIGN §7)."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        from lightning_hybrid_rollout.lightning.module import format_warmup
-
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        prompts = [p.prompt for p in task.sample_prompts(512, seed=self.rollout.seed + 12345)]
-        t0 = self._clock()
-        losses = format_warmup(model, tokenizer, prompts, steps=steps, seed=self.rollout.seed)
-        model.save_pretrained(path, safe_serialization=True)
-        rank_zero_info(
-            f"[lhr] format warm-up: {steps} steps in {self._clock() - t0:.1f}s, "
-            f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
-        )
 
     def _start_runtime(self, trainer: Trainer) -> None:
         from lightning_hybrid_rollout.lightning.runtime import RolloutRuntime
@@ -748,28 +714,3 @@ class _TrainerLink:
 
     def weight_version(self) -> int:
         return self._cb.param_version
-
-
-def _redact_what_loggers_write(trainer: Trainer) -> None:
-    """Mask secrets (:mod:`lightning_hybrid_rollout.redaction`) in every logger's hyperparameters and in the logs.
-
-    ``hparams.yaml`` (CSV/TensorBoard) and the W&B run config are written from ``log_hyperparams``; each logger's
-    method is wrapped once so what it receives is redacted.
-    """
-    from lightning_hybrid_rollout.redaction import install_log_redaction, redact
-
-    install_log_redaction()
-    for lg in trainer.loggers:
-        if getattr(lg, "_lhr_redacted", False):
-            continue
-        original = lg.log_hyperparams
-
-        def log_hyperparams(params: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
-            if isinstance(params, Mapping):
-                params = redact(dict(params))
-            elif hasattr(params, "__dict__") and not isinstance(params, type):
-                params = redact(dict(vars(params)))
-            return _original(params, *args, **kwargs)
-
-        lg.log_hyperparams = log_hyperparams  # type: ignore[method-assign]
-        lg._lhr_redacted = True  # type: ignore[attr-defined]

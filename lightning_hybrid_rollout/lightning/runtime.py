@@ -1,9 +1,8 @@
-"""RolloutRuntime: the rollout side of one run (Ray, replicas, queue, rollouter) and the hybrid ReplicaPool.
+"""RolloutRuntime: the rollout side of one run (Ray, replicas, queue, rollouter), and the queries the callback uses.
 
-Lives on global rank 0 of the trainer. The callback owns one; the controller drives its :attr:`pool`.
-CPU placement (DESIGN §6): hybrid replica ``i`` is pinned to core ``i`` (the trainer's cores: the trainer is idle
-while a hybrid replica generates, and the replica is parked while the trainer trains); standalone replicas are
-pinned to the remaining cores, from the last one down.
+Lives on global rank 0 of the trainer. The callback owns one and reads it through :class:`RuntimeQueries`; the
+controller drives its :attr:`pool` (:class:`~lightning_hybrid_rollout.lightning.hybrid_pool.HybridReplicaPool`).
+CPU placement is :mod:`~lightning_hybrid_rollout.lightning.placement`.
 """
 
 from __future__ import annotations
@@ -12,279 +11,32 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Coroutine, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from lightning_hybrid_rollout.config import AsyncTrainingConfig, RolloutConfig
+from lightning_hybrid_rollout.lightning.hybrid_pool import HybridReplicaPool, NoTrainer, OverlapReport, TrainerLink
+from lightning_hybrid_rollout.lightning.placement import pin_trainer_process, plan_cpu_placement
 from lightning_hybrid_rollout.rollout.engine import SamplingSpec
 from lightning_hybrid_rollout.rollout.event_loop import EventLoopThread
 from lightning_hybrid_rollout.rollout.message_queue import MessageQueue
 from lightning_hybrid_rollout.rollout.sample import Sample
 from lightning_hybrid_rollout.tasks.base import Task
 
+__all__ = [
+    "HybridReplicaPool",
+    "NoTrainer",
+    "OverlapReport",
+    "RolloutRuntime",
+    "RuntimeQueries",
+    "TrainerLink",
+    "pin_trainer_process",
+    "plan_cpu_placement",
+]
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-def _cpu_cores() -> list[int]:
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - non-Linux
-        return list(range(os.cpu_count() or 1))
-
-
-def plan_cpu_placement(
-    standalone: int, hybrid: int, cpus_per_replica: int, cores: Sequence[int] | None = None
-) -> tuple[list[list[int]], list[list[int]]]:
-    """Cores for each standalone and each hybrid replica on a CPU machine.
-
-    Hybrid replicas take the trainer's cores from the front, standalone replicas the others from the back; when
-    there are too few cores they wrap around (and share).
-
-    Args:
-        standalone: Number of standalone replicas.
-        hybrid: Number of hybrid replicas.
-        cpus_per_replica: Cores per replica.
-        cores: Available cores (default: this process's affinity).
-
-    Returns:
-        ``(standalone_cores, hybrid_cores)``.
-
-    Example::
-
-        >>> plan_cpu_placement(1, 1, 1, cores=[0, 1])
-        ([[1]], [[0]])
-    """
-    avail = list(cores) if cores is not None else _cpu_cores()
-    n = len(avail)
-    hybrid_cores = [[avail[(i * cpus_per_replica + k) % n] for k in range(cpus_per_replica)] for i in range(hybrid)]
-    standalone_cores = [
-        [avail[(n - 1 - (j * cpus_per_replica + k)) % n] for k in range(cpus_per_replica)] for j in range(standalone)
-    ]
-    return standalone_cores, hybrid_cores
-
-
-def pin_trainer_process(cores: Sequence[int]) -> list[int] | None:
-    """Pin every thread of the trainer process to ``cores`` (CPU placement, ``RolloutConfig.pin_trainer``).
-
-    Every thread, not only the calling one: Ray's driver threads (io, gRPC polling), started by ``ray.init`` before
-    the replicas are placed, would otherwise float onto the standalone replicas' cores and slow them down exactly
-    when the hybrid replicas are lent (measured in ``benchmarks/cpu_miniature.py``: the standalone replica decoded
-    ~17% fewer tokens per second while the hybrid one generated). Torch's intra-op threads follow the core count.
-
-    Args:
-        cores: The hybrid replicas' cores (empty: nothing is pinned).
-
-    Returns:
-        The process's affinity afterwards, or None when nothing was pinned.
-    """
-    if not cores or not hasattr(os, "sched_setaffinity"):
-        return None
-    from lightning_hybrid_rollout.rollout.replica import pin_process
-
-    pinned = pin_process(cores)
-    import torch
-
-    torch.set_num_threads(len(pinned))
-    log.info("trainer pinned to cores %s (shared with the hybrid replicas)", pinned)
-    return pinned
-
-
-@dataclass
-class OverlapReport:
-    """Timings of :meth:`RolloutRuntime.push_standalone_overlapped` (``time.monotonic()`` readings).
-
-    Args:
-        start_s: Both halves started.
-        standalone_end_s: The standalone weight sync finished.
-        wake_end_s: The hybrid replicas were awake (``start_s`` if the hybrid half failed).
-        hybrid_end_s: The hybrid weight sync finished (``start_s`` if the hybrid half failed).
-        end_s: Both halves finished.
-        hybrid_error: Why the hybrid half failed (the replicas were put back to sleep), or None.
-    """
-
-    start_s: float
-    standalone_end_s: float
-    wake_end_s: float
-    hybrid_end_s: float
-    end_s: float
-    hybrid_error: str | None = None
-
-    @property
-    def standalone_s(self) -> float:
-        """Seconds of the standalone weight sync."""
-        return self.standalone_end_s - self.start_s
-
-    @property
-    def wake_s(self) -> float:
-        """Seconds of the hybrid wake-up."""
-        return self.wake_end_s - self.start_s
-
-    @property
-    def hybrid_sync_s(self) -> float:
-        """Seconds of the hybrid weight sync (after the wake-up)."""
-        return self.hybrid_end_s - self.wake_end_s
-
-    @property
-    def wall_s(self) -> float:
-        """Seconds the caller was blocked: ``max(standalone, wake + hybrid sync)`` plus scheduling noise."""
-        return self.end_s - self.start_s
-
-    @property
-    def saved_s(self) -> float:
-        """Seconds saved against the seed's order (standalone sync, then wake, then hybrid sync, one after another)."""
-        return max(0.0, self.standalone_s + self.wake_s + self.hybrid_sync_s - self.wall_s)
-
-
-class TrainerLink(Protocol):
-    """What the hybrid pool asks of the trainer side (the callback implements it; a test passes a fake)."""
-
-    def need_devices(self) -> None:
-        """Right before hybrid engines wake on the trainer's devices: every rank offloads (the rank protocol)."""
-        ...
-
-    def cycle_weights(self) -> list[tuple[str, Any]]:
-        """The trainer's current full weights, ``[(name, tensor), ...]`` (rank 0, gathered at the cycle end)."""
-        ...
-
-    def weight_version(self) -> int:
-        """The current parameter version."""
-        ...
-
-
-class NoTrainer:
-    """A :class:`TrainerLink` with nothing to offload, no weights and version 0 (benchmarks, bare runtimes)."""
-
-    def need_devices(self) -> None:
-        pass
-
-    def cycle_weights(self) -> list[tuple[str, Any]]:
-        return []
-
-    def weight_version(self) -> int:
-        return 0
-
-
-class HybridReplicaPool:
-    """The controller's :class:`~lightning_hybrid_rollout.schedule.ReplicaPool` over the real hybrid replicas.
-
-    Every method tolerates being asked to undo what was never done (the controller's rollback relies on it).
-    The pool tracks whether the engines are awake and which weight version they hold: after
-    :meth:`RolloutRuntime.push_standalone_overlapped` prepared them, :meth:`wake_up_replicas` and
-    :meth:`sync_weights` are no-ops, so the activation only adds and resumes them.
-
-    Args:
-        runtime: The owning runtime.
-    """
-
-    def __init__(self, runtime: RolloutRuntime) -> None:
-        self._rt = runtime
-        self.registered = False
-        self.awake = False
-        #: Param version the hybrid engines hold while awake (None: asleep, or not synced since they woke).
-        self.weights_version: int | None = None
-        self.calls: list[str] = []
-        #: Seconds of hybrid weight pushes not yet reported in a cycle's ``weight_sync_time_s``.
-        self.cycle_sync_s = 0.0
-
-    @property
-    def replicas(self) -> list[Any]:
-        return self._rt.hybrid
-
-    @property
-    def ids(self) -> list[str]:
-        return [r.replica_id for r in self._rt.hybrid]
-
-    def _all(self, make: Callable[[Any], Coroutine[Any, Any, Any]]) -> list[Any]:
-        async def run() -> list[Any]:
-            return list(await asyncio.gather(*(make(r) for r in self.replicas)))
-
-        return self._rt.loop.run(run())
-
-    def wake_up_replicas(self) -> None:
-        if self.awake:  # prepared under the standalone sync (overlap_sync)
-            self.calls.append("wake_up_replicas (no-op: awake)")
-            return
-        self.calls.append("wake_up_replicas")
-        self._rt.trainer.need_devices()
-        self._rt.set_state(self.ids, "switching")
-        self._all(lambda r: r.wake_up())
-        self.awake = True
-
-    def sync_weights(self) -> None:
-        version = self._rt.trainer.weight_version()
-        if self.awake and self.weights_version == version:  # prepared under the standalone sync (overlap_sync)
-            self.calls.append("sync_weights (no-op: current)")
-            return
-        self.calls.append("sync_weights")
-        self._rt.set_state(self.ids, "syncing")
-        t0 = time.monotonic()
-        self._rt.push(self._rt.trainer.cycle_weights(), self.replicas, version)
-        self.cycle_sync_s += time.monotonic() - t0
-        self.weights_version = version
-        self._rt.set_state(self.ids, "switching")
-
-    async def wake_and_sync_async(self, weights: list[tuple[str, Any]], version: int) -> tuple[float, float]:
-        """Wake the hybrid engines, then push ``weights`` to them, on the runtime's loop (``overlap_sync``).
-
-        Unlike :meth:`wake_up_replicas` it does not call ``trainer.need_devices()``: the caller offloaded the
-        training state first (on the trainer's thread, with every rank). Returns the clock readings
-        ``(woken_s, synced_s)``.
-        """
-        self.calls.append("wake_up_replicas (overlapped)")
-        self._rt.set_state(self.ids, "switching")
-        await asyncio.gather(*(r.wake_up() for r in self.replicas))
-        self.awake = True
-        woken_s = time.monotonic()
-        self.calls.append("sync_weights (overlapped)")
-        self._rt.set_state(self.ids, "syncing")
-        report, _ = await self._rt.push_async(weights, self.replicas, version)
-        if report is not None:
-            self._rt.last_hybrid_sync_report = report
-        self.weights_version = version
-        self._rt.set_state(self.ids, "switching")
-        synced_s = time.monotonic()
-        self.cycle_sync_s += synced_s - woken_s
-        return woken_s, synced_s
-
-    def take_cycle_sync_s(self) -> float:
-        """Seconds spent pushing weights to the hybrid replicas since the last call (one cycle's hybrid sync)."""
-        seconds, self.cycle_sync_s = self.cycle_sync_s, 0.0
-        return seconds
-
-    def add_replicas(self) -> None:
-        self.calls.append("add_replicas")
-        self._rt.rollouter.add_replicas(self.replicas, paused=True)
-        self.registered = True
-
-    def resume_generation_replicas(self) -> None:
-        self.calls.append("resume_generation_replicas")
-        self._rt.rollouter.resume_generation_replicas(self.ids)
-        self._rt.set_state(self.ids, "active")
-
-    def remove_replicas(self) -> None:
-        self.calls.append("remove_replicas")
-        if self.registered:
-            self._rt.rollouter.remove_replicas(self.ids)
-        self._rt.set_state(self.ids, "switching")
-
-    def abort_replicas(self) -> None:
-        self.calls.append("abort_replicas")
-        if self.registered:
-            self._rt.rollouter.abort_replicas(self.ids)
-
-    def sleep_replicas(self) -> None:
-        self.calls.append("sleep_replicas")
-        self._all(lambda r: r.sleep())
-        self.awake = False
-        self.weights_version = None
-        self._rt.set_state(self.ids, "parked")
-
-    def rebalance_requests(self) -> None:
-        self.calls.append("rebalance_requests")
-        self._rt.rollouter.rebalance_requests()
 
 
 class RuntimeQueries:
