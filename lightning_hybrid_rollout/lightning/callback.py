@@ -45,6 +45,7 @@ from lightning_hybrid_rollout.config import (
     validate_run_config,
 )
 from lightning_hybrid_rollout.lightning.model_prep import prepare_model
+from lightning_hybrid_rollout.lightning.overlap import OverlapSync
 from lightning_hybrid_rollout.lightning.rank_protocol import BoundaryProtocol
 from lightning_hybrid_rollout.redaction import redact_logger_hyperparams
 from lightning_hybrid_rollout.rollout.sample import Sample
@@ -139,12 +140,11 @@ class HybridRolloutCallback(Callback):
         self.samples_consumed = 0
         self.generated_offset = 0
         self.switch_events: list[dict[str, Any]] = []
-        #: One entry per ``overlap_sync`` preparation: timings, seconds saved, whether the controller activated.
-        self.overlap_events: list[dict[str, Any]] = []
         self.call_log: list[str] = []
+        #: ``overlap_sync``'s ask-first, prepare-under-the-sync and undo (rank 0; :mod:`.overlap`).
+        self._overlap = OverlapSync(clock=lambda: self._clock(), call_log=self.call_log)
         #: Who offloads, who stays: one broadcast per sync boundary (built at ``on_train_start``, every rank).
         self._ranks: BoundaryProtocol | None = None
-        self._overlap_saved_s = 0.0
         self.last_cycle_metrics: dict[str, float] = {}
         #: The clock every cycle measurement is read from (``time.monotonic``; a test may give a virtual one).
         self._clock: Callable[[], float] = time.monotonic
@@ -161,6 +161,11 @@ class HybridRolloutCallback(Callback):
     def runtime(self) -> Any:
         """The rollout runtime (global rank 0 only)."""
         return self._runtime
+
+    @property
+    def overlap_events(self) -> list[dict[str, Any]]:
+        """One entry per ``overlap_sync`` preparation: timings, seconds saved, whether the controller activated."""
+        return self._overlap.events
 
     @property
     def hybrid_sync_skipped(self) -> int:
@@ -408,9 +413,16 @@ class HybridRolloutCallback(Callback):
         sync_s = 0.0
         if trainer.is_global_zero:
             self._protocol.open()  # this cycle end's boundary
-            prepared = self.async_training.overlap_sync and self._activates_before_sync(self.cycles_done + 1)
+            prepared = self.async_training.overlap_sync and self._overlap.will_activate(
+                self._controller,
+                self._runtime,
+                self.cycles_done + 1,
+                lambda: self._context(self._runtime.peek_role_window()),
+            )
             if prepared:
-                sync_s = self._overlapped_sync(trainer)
+                sync_s = self._overlap.prepare(
+                    self._runtime, self._protocol, self._cycle_weights, self.param_version, self.cycles_done + 1
+                )
             else:
                 t_sync = self._clock()
                 sync_s = self._runtime.push_standalone(self._cycle_weights, self.param_version)
@@ -433,55 +445,6 @@ class HybridRolloutCallback(Callback):
             now = self._clock()
             self._ledger.end_step(allocated_s=now - self._step_start, step_s=now - self._step_begin)
 
-    def _activates_before_sync(self, global_steps: int) -> bool:
-        """``overlap_sync``: ask ``should_activate_after_step`` before the standalone sync (rank 0).
-
-        The context carries the cycle's measurements so far (:meth:`Rollouter.peek_role_window`: the window is
-        taken, as always, by :meth:`_after_sync`). Not asked when nothing could be prepared (hybrid replicas active
-        already, none at all, or a failed cleanup still pending).
-        """
-        c = self._controller
-        if c is None or c.is_hybrid_active or not c.has_hybrid or not self._runtime.hybrid or c.pending_cleanup:
-            return False
-        ctx = self._context(self._runtime.peek_role_window())
-        self.call_log.append("overlap_should_activate")
-        return bool(c.policy.should_activate_after_step(global_steps, c.is_hybrid_active, ctx))
-
-    def _overlapped_sync(self, trainer: Trainer) -> float:
-        """``overlap_sync`` when the policy will activate: offload, then both weight syncs at once (rank 0).
-
-        Every rank offloads first (this boundary's one broadcast), then the standalone weight sync runs concurrently
-        with wake -> hybrid weight sync. Returns the standalone sync's seconds.
-        """
-        rt = self._runtime
-        t0 = self._clock()
-        self._protocol.need_devices()  # every rank offloads before the hybrid engines wake
-        t_offload = self._clock()
-        rt.trace_phase("switching", t0, t_offload, op="offload")
-        rep = rt.push_standalone_overlapped(self._cycle_weights, self.param_version)
-        self.call_log.append("overlap_prepare")
-        rt.trace_phase("weight_sync", rep.start_s, rep.standalone_end_s, target="standalone", overlap="hybrid")
-        if rep.end_s > rep.standalone_end_s:
-            rt.trace_phase("switching", rep.standalone_end_s, rep.end_s, op="hybrid wake/sync (overlapped)")
-        self._overlap_saved_s = rep.saved_s
-        self.overlap_events.append(
-            {
-                "cycle": self.cycles_done + 1,
-                "offload_s": t_offload - t0,
-                "standalone_s": rep.standalone_s,
-                "wake_s": rep.wake_s,
-                "hybrid_sync_s": rep.hybrid_sync_s,
-                "wall_s": rep.wall_s,
-                "saved_s": rep.saved_s,
-                "hybrid_error": rep.hybrid_error,
-            }
-        )
-        rank_zero_info(
-            f"[lhr] cycle {self.cycles_done + 1}: hybrid wake + sync under the standalone sync "
-            f"({rep.wake_s:.3f}s + {rep.hybrid_sync_s:.3f}s under {rep.standalone_s:.3f}s, saved {rep.saved_s:.3f}s)"
-        )
-        return rep.standalone_s
-
     def _after_sync(self, trainer: Trainer, global_steps: int, prepared: bool = False) -> Any:
         """After the standalone sync (rank 0): the controller's activation decision and what follows.
 
@@ -500,7 +463,7 @@ class HybridRolloutCallback(Callback):
         if global_steps == 0:
             self._runtime.take_role_window()
         if prepared:
-            self._finish_overlap(end)
+            self._overlap.finish(self._controller, self._runtime, end, self.cycles_done)
         if end.activated:
             t_sw = self._clock() - end.activate_duration_s
             self._runtime.trace_phase("switching", t_sw, t_sw + end.activate_duration_s, op="activate")
@@ -509,32 +472,10 @@ class HybridRolloutCallback(Callback):
             rank_zero_info(f"[lhr] cycle {global_steps}: hybrid replicas activated ({end.activate_duration_s:.3f}s)")
         if end.rebalanced:
             self.call_log.append("request_rebalance")
-        synced = prepared and self.overlap_events[-1]["hybrid_error"] is None
+        synced = prepared and self._overlap.events[-1]["hybrid_error"] is None
         self._ledger.record_sync_decision(self._controller.is_hybrid_active, synced)
         self.call_log.append("update_after_step")
         return end
-
-    def _finish_overlap(self, end: Any) -> None:
-        """``overlap_sync``: the controller decided after the sync; undo the preparation if it did not activate.
-
-        The trainer stays offloaded until the next cycle start onloads it on every rank (as after a deactivation).
-        """
-        assert self._controller is not None
-        event = self.overlap_events[-1]
-        event["activated"] = bool(end.activated)
-        pool = self._runtime.pool
-        if self._controller.is_hybrid_active or not getattr(pool, "awake", False):
-            return
-        t0 = self._clock()
-        pool.sleep_replicas()
-        duration_s = self._clock() - t0
-        event["undo_s"] = duration_s
-        self.call_log.append("overlap_undo")
-        self._runtime.trace_phase("switching", t0, t0 + duration_s, op="sleep (overlap undone)")
-        rank_zero_info(
-            f"[lhr] cycle {self.cycles_done}: the policy changed its mind after the sync; hybrid replicas back to "
-            f"sleep ({duration_s:.3f}s)"
-        )
 
     # ------------------------------------------------------------------------------- offload / onload / weights
 
@@ -610,7 +551,7 @@ class HybridRolloutCallback(Callback):
         """Rank 0's measurements at the end of the cycle (what the ledger did not accumulate itself)."""
         saved_s: float | None = None
         if self.async_training.overlap_sync:
-            saved_s, self._overlap_saved_s = self._overlap_saved_s, 0.0
+            saved_s = self._overlap.take_saved_s()
         return CycleEnd(
             rollout_history=list(getattr(stats, "history", []) or []),
             step_generated_samples=int(getattr(stats, "step_generated_samples", 0)),
