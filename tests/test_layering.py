@@ -181,8 +181,6 @@ def test_the_architecture_map_names_every_module() -> None:
     text = (PKG.parent / "docs" / "architecture.md").read_text()
     table = text.split("## Where things live", 1)[1].split("\n## ", 1)[0]
     missing = [
-        str(p.relative_to(PKG))
-        for p in sorted(PKG.rglob("*.py"))
-        if f"`{p.relative_to(PKG).as_posix()}`" not in table
+        str(p.relative_to(PKG)) for p in sorted(PKG.rglob("*.py")) if f"`{p.relative_to(PKG).as_posix()}`" not in table
     ]
     assert not missing, f"docs/architecture.md's map misses {missing}"
