@@ -184,3 +184,17 @@ def test_the_architecture_map_names_every_module() -> None:
         str(p.relative_to(PKG)) for p in sorted(PKG.rglob("*.py")) if f"`{p.relative_to(PKG).as_posix()}`" not in table
     ]
     assert not missing, f"docs/architecture.md's map misses {missing}"
+
+
+def test_no_private_name_is_imported_from_another_module() -> None:
+    """A name starting with ``_`` stays in its module: another module that needs it gets a public name."""
+    offenders = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith(NAME)):
+                offenders += [
+                    f"{name}: {a.name} from {node.module}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
+    assert not offenders, offenders

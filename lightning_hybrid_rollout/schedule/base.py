@@ -354,7 +354,16 @@ def create_policy(name: str, **kwargs: Any) -> DynamicSchedulePolicyBase:
     return get_policy_class(name)(**kwargs)
 
 
-def _finite(value: float, name: str) -> float:
+def finite_state_value(value: float, name: str) -> float:
+    """``value`` as a float, refused if it is not finite (a policy's ``load_state_dict`` checks its numbers so).
+
+    Args:
+        value: The number read from a state dict.
+        name: Its key, for the error message.
+
+    Raises:
+        ValueError: ``value`` is NaN or infinite.
+    """
     value = float(value)
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value}")

@@ -36,7 +36,7 @@ from typing import Any
 from lightning_hybrid_rollout.schedule.base import (
     DynamicScheduleContext,
     DynamicSchedulePolicyBase,
-    _finite,
+    finite_state_value,
     register_policy,
     validate_deactivate_ratio,
 )
@@ -315,7 +315,7 @@ class DefaultDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         """
         super().load_state_dict(state_dict)
         if "switch_overheads_s" in state_dict:
-            overheads = [_finite(x, "switch_overheads_s") for x in state_dict["switch_overheads_s"]]
+            overheads = [finite_state_value(x, "switch_overheads_s") for x in state_dict["switch_overheads_s"]]
             self._switch_overheads_s = deque(overheads, maxlen=SWITCH_OVERHEAD_WINDOW)
         if "per_sample_time_s" in state_dict:
-            self._per_sample_time_s = _finite(state_dict["per_sample_time_s"], "per_sample_time_s")
+            self._per_sample_time_s = finite_state_value(state_dict["per_sample_time_s"], "per_sample_time_s")

@@ -55,7 +55,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightning_hybrid_rollout.schedule.base import DynamicScheduleContext, _finite, register_policy
+from lightning_hybrid_rollout.schedule.base import DynamicScheduleContext, finite_state_value, register_policy
 from lightning_hybrid_rollout.schedule.default_policy import DefaultDynamicSchedulePolicy
 
 logger = logging.getLogger(__name__)
@@ -174,8 +174,8 @@ class _Holt:
 
     def load(self, state: list[float | None]) -> None:
         level, trend, count = state
-        self.level = None if level is None else _finite(level, "level")
-        self.trend = _finite(trend if trend is not None else 0.0, "trend")
+        self.level = None if level is None else finite_state_value(level, "level")
+        self.trend = finite_state_value(trend if trend is not None else 0.0, "trend")
         self.count = int(count or 0)
 
 
@@ -547,4 +547,4 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
         ):
             if key in state_dict:
                 value = state_dict[key]
-                setattr(self, f"_{key}", None if value is None else _finite(value, key))
+                setattr(self, f"_{key}", None if value is None else finite_state_value(value, key))

@@ -120,7 +120,7 @@ def full_nbytes(tensor: Tensor) -> int:
 
 
 @dataclass
-class _OptimizerSlot:
+class OptimizerSlot:
     state: dict[str, Any]
     key: str
     home: torch.device
@@ -154,7 +154,7 @@ class HybridStrategyMixin:
     pin_memory: bool = True
     _hybrid_offloaded: bool = False
     _hybrid_module_homes: tuple[torch.device, ...] = ()
-    _hybrid_optimizer_slots: tuple[_OptimizerSlot, ...] = ()
+    _hybrid_optimizer_slots: tuple[OptimizerSlot, ...] = ()
 
     # ------------------------------------------------------------------ public contract
     @property
@@ -346,8 +346,8 @@ class HybridStrategyMixin:
         self._hybrid_module_homes = ()
         self._hybrid_optimizer_slots = ()
 
-    def _move_optimizer_state(self, to_host_root: torch.device, pin: bool) -> list[_OptimizerSlot]:
-        slots: list[_OptimizerSlot] = []
+    def _move_optimizer_state(self, to_host_root: torch.device, pin: bool) -> list[OptimizerSlot]:
+        slots: list[OptimizerSlot] = []
         host = torch.device("cpu")
         for optimizer in _unwrap_optimizers(getattr(self, "optimizers", [])):
             for state in optimizer.state.values():
@@ -355,7 +355,7 @@ class HybridStrategyMixin:
                     if not isinstance(value, Tensor):
                         continue
                     on_root = value.device == to_host_root
-                    slots.append(_OptimizerSlot(state, key, value.device))
+                    slots.append(OptimizerSlot(state, key, value.device))
                     state[key] = copy_tensor_to(value, host if on_root else value.device, pin and on_root)
         return slots
 

@@ -25,8 +25,8 @@ from typing_extensions import override
 
 from lightning_hybrid_rollout.lightning.strategies.base import (
     HybridStrategyMixin,
+    OptimizerSlot,
     WeightBucket,
-    _OptimizerSlot,
     copy_tensor_to,
 )
 
@@ -219,7 +219,7 @@ class HybridDeepSpeedStrategy(HybridStrategyMixin, DeepSpeedStrategy):
         for state in zero_optimizer.optimizer.state.values():
             for key, value in state.items():
                 if isinstance(value, Tensor):
-                    slots.append(_OptimizerSlot(state, key, value.device))
+                    slots.append(OptimizerSlot(state, key, value.device))
                     on_root = value.device == root
                     state[key] = copy_tensor_to(value, host if on_root else value.device, pin and on_root)
         self._hybrid_optimizer_slots = tuple(slots)
