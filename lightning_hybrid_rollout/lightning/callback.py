@@ -149,6 +149,7 @@ class HybridRolloutCallback(Callback):
         #: The clock every cycle measurement is read from (``time.monotonic``; a test may give a virtual one).
         self._clock: Callable[[], float] = time.monotonic
         self._step_begin = self._step_start = self._step_fetch_s = 0.0
+        self._alloc_start = self._last_step_end = 0.0
 
     # --------------------------------------------------------------------------------------------- properties
 
@@ -201,7 +202,7 @@ class HybridRolloutCallback(Callback):
             run_dir.mkdir(parents=True, exist_ok=True)
             from lightning_hybrid_rollout.tasks import get_task
 
-            prepare_model(self.rollout, self.build_model, get_task(self.task_name, **self.task_kwargs))
+            prepare_model(self.rollout, self.build_model, lambda: get_task(self.task_name, **self.task_kwargs))
         trainer.strategy.barrier("lhr_model_ready")
         from transformers import AutoTokenizer
 
@@ -329,13 +330,18 @@ class HybridRolloutCallback(Callback):
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         pl_module.param_version = self.param_version
-        self._step_begin = self._clock()
-        if self._is_cycle_start(trainer):
+        cycle_start = self._is_cycle_start(trainer)
+        # a step's times run from the previous step's end inside a cycle (what happens between two steps, e.g. a
+        # checkpoint or validation, is the trainer's turn too), from this hook at a cycle's start
+        fresh = cycle_start or not self._last_step_end  # (the first step of a fit resumed mid-cycle too)
+        self._step_begin = self._clock() if fresh else self._last_step_end
+        if cycle_start:
             if trainer.is_global_zero:
                 self._before_step(trainer)
             trainer.strategy.barrier("lhr_deactivated")
             self._onload(trainer)
         self._step_start = self._clock()
+        self._alloc_start = self._step_start if fresh else self._last_step_end
         self._step_fetch_s = 0.0
 
     def _before_step(self, trainer: Trainer) -> None:
@@ -440,10 +446,12 @@ class HybridRolloutCallback(Callback):
         self._cycle_weights = None
 
     def _end_step(self, trainer: Trainer) -> None:
-        """The step's wall times (rank 0): allocated from asking for the batch, the whole step from its start."""
+        """The step's wall times (rank 0; ``docs/metrics.md``): at a cycle's first step, allocated from asking for the
+        batch and the step from its hook (the deactivation included); later steps from the previous step's end."""
         if trainer.is_global_zero:
             now = self._clock()
-            self._ledger.end_step(allocated_s=now - self._step_start, step_s=now - self._step_begin)
+            self._ledger.end_step(allocated_s=now - self._alloc_start, step_s=now - self._step_begin)
+            self._last_step_end = now
 
     def _after_sync(self, trainer: Trainer, global_steps: int, prepared: bool = False) -> Any:
         """After the standalone sync (rank 0): the controller's activation decision and what follows.
@@ -473,7 +481,8 @@ class HybridRolloutCallback(Callback):
         if end.rebalanced:
             self.call_log.append("request_rebalance")
         synced = prepared and self._overlap.events[-1]["hybrid_error"] is None
-        self._ledger.record_sync_decision(self._controller.is_hybrid_active, synced)
+        record = self._ledger.record_sync_decision if global_steps > 0 else self._ledger.record_start_decision
+        record(self._controller.is_hybrid_active, synced)
         self.call_log.append("update_after_step")
         return end
 
@@ -560,7 +569,7 @@ class HybridRolloutCallback(Callback):
             hybrid_sync_s=self._runtime.pool.take_cycle_sync_s(),
             activate_duration_s=end.cycle_activate_duration_s,
             deactivate_duration_s=end.cycle_deactivate_duration_s,
-            deactivate_ratio=float(self.policy.deactivate_ratio),
+            deactivate_ratio=float(self.policy.deactivate_ratio) if self.rollout.hybrid_replicas > 0 else None,
             param_version=self.param_version,
             offload_s=float(getattr(self, "_last_offload_s", 0.0)),
             onload_s=float(getattr(self, "_last_onload_s", 0.0)),

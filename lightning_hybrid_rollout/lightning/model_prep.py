@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +21,13 @@ __all__ = ["prepare_model"]
 log = logging.getLogger(__name__)
 
 
-def prepare_model(rollout: RolloutConfig, build_model: TinyModelConfig | None, task: Any) -> None:
+def prepare_model(rollout: RolloutConfig, build_model: TinyModelConfig | None, task: Callable[[], Any]) -> None:
     """Leave a model that is there as it is; build the tiny one where none is (if ``build_model`` allows it).
 
     Args:
         rollout: The rollout config (``model_path``, ``seed``).
         build_model: The tiny model to build, or None (a missing model is an error).
-        task: The task whose answer shape the format warm-up teaches (``build_model.format_warmup_steps``).
+        task: Builds the task whose answer shape the format warm-up teaches (called only for a warm-up).
 
     Raises:
         ConfigError: No model at ``rollout.model_path`` and ``build_model`` is off.
@@ -46,7 +47,7 @@ def prepare_model(rollout: RolloutConfig, build_model: TinyModelConfig | None, t
     rank_zero_info(f"[lhr] building a tiny model at {path}")
     build_tiny_model(path, **build_model.build_kwargs())
     if build_model.format_warmup_steps > 0:
-        _format_warmup(path, task, build_model.format_warmup_steps, seed=rollout.seed)
+        _format_warmup(path, task(), build_model.format_warmup_steps, seed=rollout.seed)
 
 
 def _format_warmup(path: Path, task: Any, steps: int, seed: int) -> None:

@@ -18,7 +18,9 @@ one place that decides what is sent, so the rules below hold by construction:
    devices are free. (A later ``need_devices`` of the same boundary only re-checks rank 0's own offload, a no-op.)
    No rank onloads inside a boundary; the next cycle's start onloads every rank.
 4. ``open`` while a boundary is open, ``close``/``need_devices`` outside one, raise :class:`RankProtocolError`:
-   a mistake in the caller shows as an error on rank 0, never as a hang.
+   a mistake in the caller shows as an error on rank 0, not as a hang. (An error rank 0 raises for another reason
+   inside a boundary, e.g. a failed weight push, still leaves the other ranks waiting in their collective until the
+   process group's timeout, as with any collective.)
 
 Example::
 

@@ -301,9 +301,9 @@ class RolloutRuntime(RuntimeQueries):
         return seconds
 
     async def _set_syncing(self, ids: list[str], syncing: bool) -> None:
-        """Tell the rollouter (another thread's loop) without blocking the runtime's loop."""
+        """Tell the rollouter, on the loop both run on (no thread hop, nothing blocks)."""
         if self.rollouter is not None and ids:
-            await asyncio.to_thread(self.rollouter.set_syncing, ids, syncing)
+            await self.rollouter.set_syncing_async(ids, syncing)
 
     async def _push_standalone_async(self, weights: list[tuple[str, Any]], version: int) -> float:
         """The standalone weight sync with its bookkeeping, on the runtime's loop; returns seconds.

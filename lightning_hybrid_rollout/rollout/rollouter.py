@@ -287,6 +287,10 @@ class Rollouter(ProductionLoop):
         """
         self._call(self._set_syncing_async(list(replica_ids), syncing))
 
+    async def set_syncing_async(self, replica_ids: Sequence[str], syncing: bool) -> None:
+        """:meth:`set_syncing` for a coroutine already on the rollouter's loop (the runtime's weight push)."""
+        await self._set_syncing_async(list(replica_ids), syncing)
+
     def take_role_window(self) -> RoleWindow:
         """Close the production window per replica role and start a new one now.
 

@@ -16,7 +16,7 @@ Per cycle, in the order the trainer sees them (seed §1)::
         ledger.add_compute(compute_s)             # right after training, before any sync
         ledger.end_step(allocated_s, step_s)      # at the step's very end (the last one: after the sync)
     ledger.context(totals, production)            # after_sync's context (the cycle's measurements)
-    ledger.record_sync_decision(hybrid_active, hybrid_synced)
+    ledger.record_sync_decision(hybrid_active, hybrid_synced)   # (the fit's start: record_start_decision)
     metrics = ledger.close(CycleEnd(...))         # the cycle's dynamic_resource/* values; the next cycle starts
 
 Example::
@@ -36,8 +36,10 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from lightning_hybrid_rollout.metrics import formulas as F
 from lightning_hybrid_rollout.schedule.rate_matched_policy import RateScheduleContext
@@ -222,6 +224,12 @@ class CycleLedger:
         self._c.allocated_s.append(float(allocated_s))
         self._c.step_s.append(float(step_s))
 
+    def record_start_decision(self, hybrid_active: bool, hybrid_synced: bool) -> None:
+        """The fit's start decision (step 0): counted in the running total, part of no cycle."""
+        self.hybrid_sync_skipped_total += int(
+            self.shape.num_hybrid_replicas > 0 and not (hybrid_active or hybrid_synced)
+        )
+
     def record_sync_decision(self, hybrid_active: bool, hybrid_synced: bool) -> None:
         """After ``after_sync``: are hybrid replicas active, did a hybrid weight push happen at this boundary."""
         self._skipped = self.shape.num_hybrid_replicas > 0 and not (hybrid_active or hybrid_synced)
@@ -298,10 +306,16 @@ class CycleLedger:
 
     # ------------------------------------------------------------------------------------------- checkpoint
 
-    def state_dict(self) -> dict[str, int]:
-        """The running count (the cycle in progress is not saved: a checkpoint is taken at a cycle's end)."""
-        return {"hybrid_sync_skipped_total": self.hybrid_sync_skipped_total}
+    def state_dict(self) -> dict[str, Any]:
+        """The running count and the cycle in progress (a checkpoint may come in the middle of a cycle)."""
+        return {
+            "hybrid_sync_skipped_total": self.hybrid_sync_skipped_total,
+            "cycle": dataclasses.asdict(self._c),
+            "skipped": self._skipped,
+        }
 
-    def load_state_dict(self, state: Mapping[str, int]) -> None:
-        """Restore :meth:`state_dict`."""
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` (an older one without the cycle in progress starts the cycle empty)."""
         self.hybrid_sync_skipped_total = int(state.get("hybrid_sync_skipped_total", 0))
+        self._c = _Cycle(**state["cycle"]) if "cycle" in state else _Cycle()
+        self._skipped = bool(state.get("skipped", False))

@@ -298,7 +298,7 @@ class _Run:
         if self.controller is not None:
             # the start decision (step 0): nothing measured yet; its production belongs to no cycle
             self.controller.after_sync(0, self._context())
-            self.ledger.record_sync_decision(self.controller.is_hybrid_active, False)
+            self.ledger.record_start_decision(self.controller.is_hybrid_active, False)
             w.take_window()
         cycles = self._cycle_lengths()
         last_v = len(cycles) - 1
@@ -306,7 +306,7 @@ class _Run:
             self._cycle_hybrid_sync_s = 0.0
             self._cycle_activation_s = 0.0
             self._overlap_hybrid_synced = False
-            self._overlap_saved_s = None
+            self._overlap_saved_s = 0.0
             end: StepEndResult | None = None
             sync_s = 0.0
             for j in range(n_micro):

@@ -347,3 +347,45 @@ def test_the_runtime_builds_the_simulators_contexts_and_metrics_from_the_same_me
     assert any(o["dynamic_resource/activate_duration_s"] > 0 for o in outs)
     assert any(o["dynamic_resource/deactivate_duration_s"] > 0 for o in outs)
     assert any(o["dynamic_resource/weight_sync_time_s"] > scenario.switch.standalone_sync_s + 1 for o in outs)
+
+
+def test_time_between_two_steps_of_a_cycle_is_the_trainers_turn_too() -> None:
+    """A checkpoint or validation between two steps of a cycle counts in ``alloc`` and ``step`` (the cycle's wall)."""
+    from lightning_hybrid_rollout import metrics as M
+    from lightning_hybrid_rollout.config import AsyncTrainingConfig
+    from lightning_hybrid_rollout.sim.scenario import SwitchCosts
+
+    a = AsyncTrainingConfig(
+        mini_batch_size=8, trigger_parameter_sync_step=2, dynamic_schedule_policy="static_fully_async"
+    )
+    cb = HybridRolloutCallback(RolloutConfig(model_path="unused", hybrid_replicas=1), a, trace=False)
+    clock = _Clock()
+    rt = _ReplayRuntime(clock, SwitchCosts())
+    cb._clock, cb._runtime = clock, rt
+    cb._controller = DynamicResourceController(rt.pool, cb.policy, clock=clock, enable_rebalance=False, has_hybrid=True)
+    trainer = SimpleNamespace(
+        global_step=0,
+        is_global_zero=True,
+        world_size=1,
+        strategy=SimpleNamespace(root_device=torch.device("cpu"), barrier=lambda *a: None),
+        lightning_module=torch.nn.Linear(2, 2),
+        loggers=[],
+        callback_metrics={},
+        fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(_batches_that_stepped=0)),
+    )
+    module = SimpleNamespace(param_version=0, log=lambda *args, **kwargs: None)
+    rt.q, rt.batch_tokens, rt.sync_s = 100, 40, 2.0
+    cb.on_train_start(trainer, module)  # type: ignore[arg-type]
+    t0 = clock.now
+    for step in range(2):
+        trainer.global_step = step
+        cb.on_train_batch_start(trainer, module, None, step)  # type: ignore[arg-type]
+        cb._next_batch()
+        clock.advance(1.0)  # training
+        trainer.global_step = step + 1
+        cb.on_train_batch_end(trainer, module, None, None, step)  # type: ignore[arg-type]
+        if step == 0:
+            clock.advance(5.0)  # e.g. a checkpoint save between the two steps
+    out = cb.last_cycle_metrics
+    assert out[M.TRAIN_COMPUTE_TIME_S] == pytest.approx(2.0)
+    assert out[M.TRAIN_ALLOCATED_TIME_S] == pytest.approx(clock.now - t0) == pytest.approx(1 + 5 + 1 + 2)

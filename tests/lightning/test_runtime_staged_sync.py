@@ -21,7 +21,7 @@ class _Rollouter:
     def __init__(self, log: list[str]) -> None:
         self.log = log
 
-    def set_syncing(self, ids: list[str], syncing: bool) -> None:
+    async def set_syncing_async(self, ids: list[str], syncing: bool) -> None:
         self.log.append(f"syncing={syncing}")
 
 

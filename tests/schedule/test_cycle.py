@@ -66,3 +66,22 @@ def test_without_hybrid_replicas_no_sync_is_ever_skipped() -> None:
     ledger = _ledger(hybrid=0)
     ledger.record_sync_decision(hybrid_active=False, hybrid_synced=False)
     assert ledger.close(CycleEnd())[M.HYBRID_SYNC_SKIPPED] == 0.0
+
+
+def test_the_start_decision_counts_in_the_total_but_in_no_cycle() -> None:
+    ledger = _ledger()
+    ledger.record_start_decision(hybrid_active=False, hybrid_synced=False)
+    out = ledger.close(CycleEnd())  # a cycle that made no decision of its own (the simulator's last)
+    assert (out[M.HYBRID_SYNC_SKIPPED], out[M.HYBRID_SYNC_SKIPPED_TOTAL]) == (0.0, 1.0)
+
+
+def test_a_checkpoint_in_the_middle_of_a_cycle_keeps_its_measurements() -> None:
+    ledger = _ledger()
+    ledger.add_batch(wait_s=1.0, queue_before=2, samples=4, tokens=9)
+    ledger.add_compute(0.5)
+    ledger.end_step(allocated_s=1.5, step_s=1.5)
+    restored = _ledger()
+    restored.load_state_dict(ledger.state_dict())
+    totals = Totals(8, 4, 1)
+    assert restored.context(totals) == ledger.context(totals)
+    assert restored.close(CycleEnd()) == ledger.close(CycleEnd())
