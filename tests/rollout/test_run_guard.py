@@ -93,7 +93,8 @@ def test_the_sweep_removes_a_dead_runs_files_and_processes_and_nothing_else(priv
 
 
 _OWNER = r"""
-import os, subprocess, sys, time
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job inherits SIGINT ignored
 from lightning_hybrid_rollout.rollout import run_guard
 files = run_guard.RunFiles.create()
 watchdog = run_guard.start_watchdog(files)
