@@ -3,14 +3,12 @@
 Run as ``python _e2e_run.py SPEC.json`` (a subprocess per run keeps Ray, engine threads and Lightning's launcher
 out of the pytest process). Spec keys: ``out`` (report path), ``root`` (run dir), ``model_dir``, ``max_steps``,
 ``policy``, ``standalone``, ``hybrid``, ``only_hybrid``, ``strategy``, ``devices``, ``ckpt_path``,
-``save_every``, ``wandb``, ``trigger``, ``mini_batch``, ``n``, ``record_contexts`` (report every context the
-policy's ``should_activate_after_step`` saw, its ``forecast`` when it has one, and its state after each update),
+``save_every``, ``wandb``, ``trigger``, ``mini_batch``, ``n``,
 ``overlap_sync``, ``early_first_sync``, ``staged``, ``enable_rebalance``, ``staleness``, ``ratio``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -55,31 +53,6 @@ class Recorder(Callback):
         lb = self.cb.runtime.rollouter.load_balancer
         self.report["routed"].append({"step": trainer.global_step, **lb.routed_counts()})
         self.report["active"].append(self.cb.controller.is_hybrid_active)
-
-    def record_contexts(self) -> None:
-        """Wrap the policy (rank 0's object, the controller's too) to report what it was given."""
-        policy = self.cb.policy
-        seen = self.report.setdefault("contexts", [])
-        decide, update = policy.should_activate_after_step, policy.update_after_step
-
-        def should_activate_after_step(global_steps: int, is_hybrid_active: bool, ctx: Any) -> bool:
-            forecast = policy.forecast(ctx) if hasattr(policy, "forecast") else None
-            seen.append(
-                {
-                    "step": global_steps,
-                    "type": type(ctx).__name__,
-                    "ctx": dataclasses.asdict(ctx),
-                    "forecast": dataclasses.asdict(forecast) if forecast is not None else None,
-                }
-            )
-            return decide(global_steps, is_hybrid_active, ctx)
-
-        def update_after_step(global_steps: int, ctx: Any) -> None:
-            update(global_steps, ctx)
-            seen[-1]["state_after"] = policy.state_dict()
-
-        policy.should_activate_after_step = should_activate_after_step
-        policy.update_after_step = update_after_step
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
         if not trainer.is_global_zero:
@@ -126,8 +99,6 @@ def main(spec_path: str) -> None:
         run_dir=str(root),
     )
     recorder = Recorder(hybrid_cb)
-    if spec.get("record_contexts"):
-        recorder.record_contexts()
     loggers: list[Any] = [CSVLogger(save_dir=str(root), name="", version="")]
     if spec.get("wandb"):
         from lightning.pytorch.loggers import WandbLogger

@@ -190,45 +190,12 @@ def test_static_fully_async_never_uses_the_hybrid_replica_and_skips_its_sync(mod
     assert rep["hybrid_sync_skipped"] == 3  # the start decision + 2 cycles
 
 
-def test_rate_matched_decides_from_measured_rates(model_dir: Path, tmp_path: Path) -> None:
-    """The runtime fills RateScheduleContext with real measurements and rate_matched's forecast uses them."""
-    rep = run_fit(tmp_path, "rate_matched", model_dir, max_steps=4, policy="rate_matched", record_contexts=True)
-    assert rep["global_step"] == 4
-    seen = rep["contexts"]
-    assert [c["step"] for c in seen] == [0, 1, 2]
-    assert all(c["type"] == "RateScheduleContext" for c in seen)
-    assert seen[0]["forecast"] is None  # cold start: nothing measured yet
-    for c in seen[1:]:
-        ctx = c["ctx"]
-        assert ctx["standalone_decoded_tokens"] > 0 and ctx["standalone_serving_s"] > 0, ctx
-        assert ctx["cycle_train_compute_s"] > 0 and ctx["cycle_trained_tokens"] > 0, ctx
-        assert ctx["cycle_trained_samples"] == ctx["required_samples"] * ctx["trigger_parameter_sync_step"]
-        assert len(ctx["step_queue_sizes"]) == len(ctx["step_wait_samples"]) == ctx["trigger_parameter_sync_step"]
-        assert ctx["num_standalone_replicas"] >= 1 and ctx["num_hybrid_replicas"] == 1
-        assert c["forecast"] is not None, ctx
-    first = seen[1]["ctx"]
-    tok_s = first["standalone_decoded_tokens"] / first["standalone_serving_s"]
-    length = first["cycle_trained_tokens"] / first["cycle_trained_samples"]
-    assert seen[1]["state_after"]["standalone_tok_s"] == pytest.approx(tok_s)  # first cycle: no smoothing yet
-    assert seen[1]["state_after"]["train_s_per_tok"] == pytest.approx(
-        first["cycle_train_compute_s"] / first["cycle_trained_tokens"]
-    )
-    assert seen[1]["forecast"]["standalone_rate"] == pytest.approx(tok_s / length)
-
-
 def test_only_hybrid_colocated_mode_trains(model_dir: Path, tmp_path: Path) -> None:
     rep = run_fit(tmp_path, "colocated", model_dir, max_steps=4, standalone=0, hybrid=1, only_hybrid=True)
     assert rep["global_step"] == 4
     kinds = [e["kind"] for e in rep["switch_events"]]
     assert kinds.count("activate") >= 2 and kinds.count("deactivate") >= 2, kinds
     assert all(v > 0 for v in [r.get("hybrid-0", 0) for r in rep["routed"]])
-
-
-def test_fsdp2_with_two_devices_trains_and_syncs(model_dir: Path, tmp_path: Path) -> None:
-    rep = run_fit(tmp_path, "fsdp2", model_dir, max_steps=4, strategy="hybrid_fsdp2", devices=2)
-    assert rep["world_size"] == 2 and rep["global_step"] == 4
-    assert rep["param_version"] == 2
-    assert "offload" in rep["call_log"] and "onload" in rep["call_log"]
 
 
 def test_lhr_report_renders_the_run_trace_to_pngs(dynamic_run: dict[str, Any]) -> None:
@@ -259,14 +226,18 @@ def test_docs_callback_example_runs(tmp_path: Path) -> None:
     assert (tmp_path / "runs" / "demo" / "model" / "config.json").exists()
 
 
-def test_overlap_early_and_staged_sync_wake_and_sync_hybrid_under_the_standalone_sync(
+def test_fsdp2_two_devices_with_overlap_early_and_staged_sync_wake_and_sync_hybrid_under_the_standalone_sync(
     model_dir: Path, tmp_path: Path
 ) -> None:
+    """One two-rank FSDP2 fit (gloo) checks the strategy and the three sync options together: every rank offloads
+    and onloads at the same boundaries, and the overlapped hybrid sync runs under the standalone one."""
     rep = run_fit(
         tmp_path,
-        "overlap",
+        "fsdp2_overlap",
         model_dir,
         max_steps=4,
+        strategy="hybrid_fsdp2",
+        devices=2,
         policy="default",
         overlap_sync=True,
         early_first_sync=True,
@@ -275,6 +246,8 @@ def test_overlap_early_and_staged_sync_wake_and_sync_hybrid_under_the_standalone
         staleness=0.0,  # no buffer beyond the cycle: the trainer waits, so `default` wants the hybrid replica
         ratio=0.9,
     )
+    assert rep["world_size"] == 2
+    assert "offload" in rep["call_log"] and "onload" in rep["call_log"]
     assert rep["global_step"] == 4
     # staged_standalone_sync: every standalone sync was staged (node shared memory) and paused only for its commit
     syncs = rep["standalone_syncs"]

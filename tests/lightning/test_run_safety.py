@@ -24,6 +24,7 @@ import yaml
 from lightning_hybrid_rollout.rollout import run_guard
 
 ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
 LHR = [sys.executable, "-m", "lightning_hybrid_rollout.lightning.cli"]
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 FAKE_ENV_KEY = "e1a7c0de" * 5  # 40 characters, like a real W&B key
@@ -52,9 +53,12 @@ def _config(run: Path, max_steps: int, wandb: bool) -> dict[str, Any]:
     t["logger"] = loggers
     cb = t["callbacks"][0]["init_args"]
     cb["build_model"] = {**cb["build_model"], "format_warmup_steps": 10}
-    if wandb:  # also: a rate_matched knob set in YAML reaches the policy
+    if wandb:  # also: a rate_matched knob set in YAML reaches the policy, which decides from measured rates
         cb["async_training"].update(
             dynamic_schedule_policy="rate_matched", dynamic_schedule_policy_kwargs={"gate_margin_fraction": 0.37}
+        )
+        t["callbacks"].append(
+            {"class_path": "_context_recorder.ContextRecorder", "init_args": {"out": str(run / "contexts.json")}}
         )
     cb["rollout"]["model_path"] = str(run / "model")
     return config
@@ -65,6 +69,7 @@ def _start_fit(tmp_path: Path, max_steps: int, wandb: bool = False) -> tuple[sub
     cfg = tmp_path / "fit.yaml"
     cfg.write_text(yaml.safe_dump(_config(run, max_steps, wandb)))
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(run), "WANDB_API_KEY": FAKE_ENV_KEY}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))  # _context_recorder
     env.pop(run_guard.RUN_ID_ENV, None)
     out = tmp_path / "output.txt"
     with open(out, "wb") as f:
@@ -166,40 +171,56 @@ def _gcs_client(address: str, **env: str) -> str:
     return res.stdout.strip().splitlines()[-1] if res.stdout.strip() else res.stderr[-500:]
 
 
-def test_a_local_run_listens_on_loopback_only_needs_its_token_and_writes_no_secret(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def rate_matched_fit(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One ``lhr fit`` of the quickstart (rate_matched, W&B offline), probed while it runs: what the tests check."""
+    tmp_path = tmp_path_factory.mktemp("rate_matched_fit")
     proc, run, out = _start_fit(tmp_path, max_steps=10, wandb=True)
+    probes: dict[str, Any] = {"tmp_path": tmp_path, "run": run, "out": out}
     try:
-        run_id = _run_id_of(proc)
+        run_id = probes["run_id"] = _run_id_of(proc)
         _wait_for_steps(proc, run, 3)
         tree = _tree(proc.pid, run_id)
-        names = {psutil.Process(p).name() for p in tree if psutil.pid_exists(p)}
-        assert {"gcs_server", "raylet"} <= names, names
-        sockets = _listening([proc.pid, *tree])
-        assert len({pid for pid, *_ in sockets}) >= 5, sockets  # driver, GCS, raylet, agent, replica actors...
-        exposed = [s for s in sockets if s[2] not in LOOPBACK]
-        assert not exposed, f"listening beyond loopback: {exposed}"
-
+        probes["names"] = {psutil.Process(p).name() for p in tree if psutil.pid_exists(p)}
+        sockets = probes["sockets"] = _listening([proc.pid, *tree])
         gcs = next(p for p in tree if psutil.pid_exists(p) and psutil.Process(p).name() == "gcs_server")
         port = next(s[3] for s in sockets if s[0] == gcs)
-        token_path = psutil.Process(gcs).environ()["RAY_AUTH_TOKEN_PATH"]
-        assert os.stat(token_path).st_mode & 0o777 == 0o600
-        token = Path(token_path).read_text().strip()
-        assert _gcs_client(f"127.0.0.1:{port}", RAY_AUTH_MODE="disabled").startswith("REFUSED AuthenticationError")
-        wrong = _gcs_client(f"127.0.0.1:{port}", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="f" * 64)
-        assert wrong.startswith("REFUSED AuthenticationError"), wrong
-        right = _gcs_client(f"127.0.0.1:{port}", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token_path)
-        assert right == "CONNECTED", right  # the check above can fail: the token does open the door
-        assert proc.wait(timeout=600) == 0, out.read_text()[-3000:]
-        policy = "RateMatchedDynamicSchedulePolicy(deactivate_ratio=0.3, only_hybrid=False, gate_margin_fraction=0.37)"
-        assert policy in out.read_text()
-        assert not (left := _wait_gone(tree, within=10)), f"left after a normal end: {left}"
+        token_path = probes["token_path"] = psutil.Process(gcs).environ()["RAY_AUTH_TOKEN_PATH"]
+        probes["token_mode"] = os.stat(token_path).st_mode & 0o777
+        probes["token"] = Path(token_path).read_text().strip()
+        address = f"127.0.0.1:{port}"
+        probes["no_token"] = _gcs_client(address, RAY_AUTH_MODE="disabled")
+        probes["wrong_token"] = _gcs_client(address, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="f" * 64)
+        probes["right_token"] = _gcs_client(address, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token_path)
+        probes["returncode"] = proc.wait(timeout=600)
+        probes["left"] = _wait_gone(tree, within=10)
     finally:
         if proc.poll() is None:
             proc.kill()
+    return probes
+
+
+def test_a_local_run_listens_on_loopback_only_needs_its_token_and_writes_no_secret(
+    rate_matched_fit: dict[str, Any],
+) -> None:
+    probes = rate_matched_fit
+    tmp_path, out, run_id, names, sockets = (probes[k] for k in ("tmp_path", "out", "run_id", "names", "sockets"))
+    assert {"gcs_server", "raylet"} <= names, names
+    assert len({pid for pid, *_ in sockets}) >= 5, sockets  # driver, GCS, raylet, agent, replica actors...
+    exposed = [s for s in sockets if s[2] not in LOOPBACK]
+    assert not exposed, f"listening beyond loopback: {exposed}"
+    assert probes["token_mode"] == 0o600
+    token = probes["token"]
+    assert probes["no_token"].startswith("REFUSED AuthenticationError"), probes["no_token"]
+    assert probes["wrong_token"].startswith("REFUSED AuthenticationError"), probes["wrong_token"]
+    assert probes["right_token"] == "CONNECTED", probes["right_token"]  # the checks above can fail: the token works
+    assert probes["returncode"] == 0, out.read_text()[-3000:]
+    assert not probes["left"], f"left after a normal end: {probes['left']}"
     assert not (run_guard.runs_root() / f"r-{run_id}").exists()
     assert not (run_guard.shm_root() / f"lhr-{os.getuid()}-{run_id}").exists()
 
-    written = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "fit.yaml"]  # the user's own input
+    # the user's own input, and the test's own context record
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and p.name not in ("fit.yaml", "contexts.json")]
     assert out in written  # the captured output
     assert any(p.name == "config.yaml" for p in written) and any(p.name == "hparams.yaml" for p in written)
     assert any("wandb" in str(p) for p in written) and any(p.name == "trace.json" for p in written)
@@ -209,6 +230,36 @@ def test_a_local_run_listens_on_loopback_only_needs_its_token_and_writes_no_secr
     for secret in (FAKE_ENV_KEY, FAKE_ARG_KEY, token):
         leaks = [str(p) for p in written if secret.encode() in p.read_bytes()]
         assert not leaks, f"a secret reached {leaks}"
+
+
+def test_a_rate_matched_knob_set_in_yaml_reaches_the_policy_which_decides_from_measured_rates(
+    rate_matched_fit: dict[str, Any],
+) -> None:
+    """The YAML's ``gate_margin_fraction`` reaches the policy, and the runtime fills RateScheduleContext with real
+    measurements that rate_matched's forecast uses."""
+    policy = "RateMatchedDynamicSchedulePolicy(deactivate_ratio=0.3, only_hybrid=False, gate_margin_fraction=0.37)"
+    assert policy in rate_matched_fit["out"].read_text()
+    assert rate_matched_fit["returncode"] == 0
+    seen = json.loads((rate_matched_fit["run"] / "contexts.json").read_text())
+    assert len(seen) >= 3 and [c["step"] for c in seen] == list(range(len(seen))), [c["step"] for c in seen]
+    assert all(c["type"] == "RateScheduleContext" for c in seen)
+    assert seen[0]["forecast"] is None  # cold start: nothing measured yet
+    for c in seen[1:]:
+        ctx = c["ctx"]
+        assert ctx["standalone_decoded_tokens"] > 0 and ctx["standalone_serving_s"] > 0, ctx
+        assert ctx["cycle_train_compute_s"] > 0 and ctx["cycle_trained_tokens"] > 0, ctx
+        assert ctx["cycle_trained_samples"] == ctx["required_samples"] * ctx["trigger_parameter_sync_step"]
+        assert len(ctx["step_queue_sizes"]) == len(ctx["step_wait_samples"]) == ctx["trigger_parameter_sync_step"]
+        assert ctx["num_standalone_replicas"] >= 1 and ctx["num_hybrid_replicas"] == 1
+        assert c["forecast"] is not None, ctx
+    first = seen[1]["ctx"]
+    tok_s = first["standalone_decoded_tokens"] / first["standalone_serving_s"]
+    length = first["cycle_trained_tokens"] / first["cycle_trained_samples"]
+    assert seen[1]["state_after"]["standalone_tok_s"] == pytest.approx(tok_s)  # first cycle: no smoothing yet
+    assert seen[1]["state_after"]["train_s_per_tok"] == pytest.approx(
+        first["cycle_train_compute_s"] / first["cycle_trained_tokens"]
+    )
+    assert seen[1]["forecast"]["standalone_rate"] == pytest.approx(tok_s / length)
 
 
 def test_a_trainer_killed_mid_fit_leaves_nothing_behind(tmp_path: Path) -> None:
