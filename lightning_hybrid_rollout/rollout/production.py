@@ -7,8 +7,9 @@ stops), so none of it takes a lock.
 
 Each pass of the loop (:meth:`ProductionLoop._progress`) dispatches an admitted sample while ``in_flight < cap``, or
 admits the next prompt group (:mod:`~lightning_hybrid_rollout.rollout.flow_control`). Each sample runs as one task,
-segment after segment (:class:`~lightning_hybrid_rollout.rollout.partial_rollout.SampleGenerator`), is rewarded by
-``reward_fn`` and, once its whole group is finished, the group goes into the queue in one atomic put (waiting for
+segment after segment (:class:`~lightning_hybrid_rollout.rollout.partial_rollout.SampleGenerator`); once its whole
+group is finished, the group is rewarded (``reward_fn`` per sample, or a :class:`GroupScorer`'s one awaited call per
+group, which runs the reward functions off this loop) and goes into the queue in one atomic put (waiting for
 room; if the rollouter stops first, the group stays in the ``state_dict``). Wake-ups: ``_wake`` (admission or
 dispatch may proceed), ``_gate`` (open while not paused: segments may be sent), ``_space`` (the queue has room).
 """
@@ -21,7 +22,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from lightning_hybrid_rollout.rollout.engine import SamplingSpec
 from lightning_hybrid_rollout.rollout.flow_control import admits_group, in_flight_cap, staleness_after_reset
@@ -39,6 +40,24 @@ log = logging.getLogger("lightning_hybrid_rollout.rollout.rollouter")  # the Rol
 T = TypeVar("T")
 
 
+@runtime_checkable
+class GroupScorer(Protocol):
+    """Rewards a finished prompt group with one awaited call (the reward functions run off the rollouter's loop)."""
+
+    async def score_group(self, samples: Sequence[Sample]) -> Sequence[float]:
+        """One reward per sample, in order; raising stops the rollouter with that error."""
+        ...
+
+
+@runtime_checkable
+class CheckpointablePrompts(Protocol):
+    """A prompt iterable whose position is part of the rollouter's ``state_dict`` (taken on the loop, atomically)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
 class ProductionLoop:
     """The loop side of the :class:`~lightning_hybrid_rollout.rollout.rollouter.Rollouter`, not used on its own.
 
@@ -49,7 +68,7 @@ class ProductionLoop:
         self,
         prompts: Iterable[PromptItem],
         tokenize: Callable[[str], Sequence[int]],
-        reward_fn: Callable[[Sample], float],
+        reward_fn: Callable[[Sample], float] | GroupScorer,
         message_queue: MessageQueue,
         *,
         sampling: SamplingSpec,
@@ -64,9 +83,12 @@ class ProductionLoop:
         abort_timeout_s: float,
         name: str,
     ) -> None:
-        self._prompts: Iterator[PromptItem] = iter(prompts)
+        #: The prompt iterable itself: its position is checkpointed when it is a :class:`CheckpointablePrompts`.
+        self._prompt_source = prompts
+        self._prompts_iter: Iterator[PromptItem] | None = None
         self._tokenize = tokenize
         self._reward_fn = reward_fn
+        self._scorer: GroupScorer | None = reward_fn if isinstance(reward_fn, GroupScorer) else None
         self.message_queue = message_queue
         self.sampling = sampling
         self.load_balancer = load_balancer
@@ -195,8 +217,10 @@ class ProductionLoop:
             max_required_samples=self.max_required_samples,
         ):
             return False
+        if self._prompts_iter is None:  # first drawn here, after any load_state_dict
+            self._prompts_iter = iter(self._prompt_source)
         try:
-            item = next(self._prompts)
+            item = next(self._prompts_iter)
         except StopIteration:
             self._exhausted = True
             log.info("%s: prompt iterator exhausted after %d prompts", self.name, self.total_prompts)
@@ -264,7 +288,8 @@ class ProductionLoop:
 
     def _finish(self, st: SampleState, group: PromptGroup, reason: str) -> None:
         sample = st.to_sample(group, reason, self._clock())
-        sample.reward = float(self._reward_fn(sample))
+        if self._scorer is None:
+            sample.reward = float(self._reward_fn(sample))  # type: ignore[operator]
         st.result = sample
         self.total_generated_samples += 1
         self.step_generated_samples += 1
@@ -289,6 +314,13 @@ class ProductionLoop:
         group.delivering = True
         warned = False
         try:
+            if self._scorer is not None and not group.scored:
+                rewards = list(await self._scorer.score_group(samples))
+                if len(rewards) != len(samples):
+                    raise RuntimeError(f"{self.name}: the group scorer gave {len(rewards)} rewards for {len(samples)}")
+                for sample, reward in zip(samples, rewards):
+                    sample.reward = float(reward)
+                group.scored = True
             while True:
                 self._space.clear()
                 if queue.closed or self._stopping:
@@ -410,7 +442,11 @@ class ProductionLoop:
             "group_counter": self._group_counter,
             "pending_groups": [g.to_state() for g in self._groups.values()],
             "message_queue": self.message_queue.state_dict(),
+            **({"prompts": self._prompt_source.state_dict()} if self._checkpoints_prompts() else {}),
         }
+
+    def _checkpoints_prompts(self) -> bool:
+        return isinstance(self._prompt_source, CheckpointablePrompts)
 
     def _restore(self, state: Mapping[str, Any]) -> None:
         """Load what :meth:`_state_dict_async` returned (before the loop starts): unfinished groups go first."""
@@ -427,6 +463,10 @@ class ProductionLoop:
             self._groups[group.group_id] = group
         if "message_queue" in state:
             self.message_queue.load_state_dict(state["message_queue"])
+        if "prompts" in state and self._checkpoints_prompts():
+            if self._prompts_iter is not None:
+                raise RuntimeError(f"{self.name}: the prompt stream's position can only be restored before it is read")
+            self._prompt_source.load_state_dict(state["prompts"])  # type: ignore[union-attr]
         self.staleness_samples = staleness_after_reset(self.outstanding_samples, self.message_queue.size())
 
     # ================================================================== helpers

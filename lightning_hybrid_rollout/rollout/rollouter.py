@@ -42,7 +42,7 @@ from lightning_hybrid_rollout.rollout.engine import SamplingSpec
 from lightning_hybrid_rollout.rollout.event_loop import EventLoopThread
 from lightning_hybrid_rollout.rollout.load_balancer import LoadBalancer, ReplicaLike
 from lightning_hybrid_rollout.rollout.message_queue import MessageQueue
-from lightning_hybrid_rollout.rollout.production import ProductionLoop
+from lightning_hybrid_rollout.rollout.production import GroupScorer, ProductionLoop
 from lightning_hybrid_rollout.rollout.prompts import PromptItem as PromptItem  # re-exported
 from lightning_hybrid_rollout.rollout.prompts import expand_prompts as expand_prompts  # re-exported
 from lightning_hybrid_rollout.rollout.role_window import RoleWindow as RoleWindow  # re-exported
@@ -58,9 +58,13 @@ class Rollouter(ProductionLoop):
 
     Args:
         prompts: Iterable of prompts: a string, or a mapping with ``"prompt"`` (and optionally
-            ``"prompt_token_ids"``); the mapping's other keys become the sample's ``metadata``.
+            ``"prompt_token_ids"``); the mapping's other keys become the sample's ``metadata``. An iterable with
+            ``state_dict``/``load_state_dict`` (a ``CheckpointablePrompts`` of :mod:`.production`) has its
+            position saved in :meth:`state_dict`, atomically with the groups it produced.
         tokenize: ``text -> token ids`` (called once per prompt, on the rollouter's loop).
-        reward_fn: ``sample -> reward`` (called once per finished sample, on the rollouter's loop).
+        reward_fn: ``sample -> reward`` (called once per finished sample, on the rollouter's loop), or a
+            :class:`~lightning_hybrid_rollout.rollout.production.GroupScorer` (one awaited ``score_group`` per
+            finished group, before it is delivered: the reward functions run off the loop).
         message_queue: Where finished samples go; its ``maxsize`` should be ``max_required_samples``.
         sampling: Sampling parameters; ``sampling.max_tokens`` is the response length, never exceeded.
         replicas: Replicas to register in a new load balancer (ignored when ``load_balancer`` is given).
@@ -92,7 +96,7 @@ class Rollouter(ProductionLoop):
         self,
         prompts: Iterable[PromptItem],
         tokenize: Callable[[str], Sequence[int]],
-        reward_fn: Callable[[Sample], float],
+        reward_fn: Callable[[Sample], float] | GroupScorer,
         message_queue: MessageQueue,
         *,
         sampling: SamplingSpec,
@@ -361,8 +365,8 @@ class Rollouter(ProductionLoop):
     def state_dict(self) -> dict[str, Any]:
         """Counters, unfinished prompt groups (with their generated prefixes) and the queue's buffered samples.
 
-        Taken atomically on the loop, so a checkpoint neither loses nor duplicates a sample. The prompt iterator's
-        position is the data loader's to checkpoint.
+        Taken atomically on the loop, so a checkpoint neither loses nor duplicates a sample; a checkpointable prompt
+        iterable's position is taken in the same step (``"prompts"``).
         """
         return self._call(self._state_dict_async())
 

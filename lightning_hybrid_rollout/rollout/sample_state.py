@@ -101,6 +101,8 @@ class PromptGroup:
     metadata: dict[str, Any]
     samples: list[SampleState]
     delivering: bool = False
+    #: The group's rewards are set (a :class:`~lightning_hybrid_rollout.rollout.production.GroupScorer` ran).
+    scored: bool = False
 
     @classmethod
     def admit(
@@ -140,6 +142,7 @@ class PromptGroup:
             "prompt_token_ids": list(self.prompt_token_ids),
             "metadata": dict(self.metadata),
             "samples": [s.to_state() for s in self.samples],
+            "scored": self.scored,
         }
 
     @classmethod
@@ -147,4 +150,6 @@ class PromptGroup:
         """Undo :meth:`to_state`."""
         samples = [SampleState.from_state(s) for s in state["samples"]]
         token_ids, metadata = list(state["prompt_token_ids"]), dict(state["metadata"])
-        return cls(state["group_id"], state["prompt"], token_ids, metadata, samples)
+        group = cls(state["group_id"], state["prompt"], token_ids, metadata, samples)
+        group.scored = bool(state.get("scored", False))
+        return group
