@@ -23,6 +23,8 @@ FORBIDDEN = {
     "rollout": ("lightning", "sim"),
     "sim": ("rollout", "lightning"),
     "tasks": ("rollout", "lightning", "sim"),
+    "sources": ("rollout", "lightning", "sim"),
+    "rewards": ("rollout", "lightning", "sim", "sources", "tasks"),
     "schedule": ("rollout", "lightning", "sim", "tasks"),
 }
 

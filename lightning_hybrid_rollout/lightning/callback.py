@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
@@ -47,7 +47,9 @@ from lightning_hybrid_rollout.config import (
 from lightning_hybrid_rollout.lightning.model_prep import prepare_model
 from lightning_hybrid_rollout.lightning.overlap import OverlapSync
 from lightning_hybrid_rollout.lightning.rank_protocol import BoundaryProtocol
+from lightning_hybrid_rollout.lightning.workload import Workload, build_workload
 from lightning_hybrid_rollout.redaction import redact_logger_hyperparams
+from lightning_hybrid_rollout.rewards import RewardConfig
 from lightning_hybrid_rollout.rollout.sample import Sample
 from lightning_hybrid_rollout.schedule import (
     DynamicResourceController,
@@ -55,6 +57,7 @@ from lightning_hybrid_rollout.schedule import (
     create_policy,
 )
 from lightning_hybrid_rollout.schedule.cycle import CycleEnd, CycleLedger, ProductionByRole, RunShape, Totals
+from lightning_hybrid_rollout.sources import DatasetConfig
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +74,24 @@ class HybridRolloutCallback(Callback):
     Args:
         rollout: Rollout side: model, replicas, sampling (see :class:`~lightning_hybrid_rollout.config.RolloutConfig`).
         async_training: The seed's ``async_training`` section (policy, ratio, staleness, sync cadence, ...).
-        task: Name of a built-in task (``"arithmetic"``, ``"reverse"``, ...) providing prompts and the reward.
+        dataset: Where the prompts come from (:class:`~lightning_hybrid_rollout.sources.DatasetConfig`): a local
+            ``.jsonl``/``.json``/``.parquet``/``.csv`` file (or a list of them, or a ``save_to_disk`` directory) with
+            a ``prompt_column`` of strings or chat messages; every other column reaches the reward functions. Or a
+            custom source as ``{"class_path": ..., "init_args": ...}``. ``None``: the toy ``task``'s prompts.
+        task: Name of a built-in toy task (``"arithmetic"``, ``"reverse"``, ``"copy"``): prompts and its reward,
+            used when ``dataset`` is not given.
         task_kwargs: Extra keyword arguments for the task's constructor.
+        reward_funcs: Reward functions in TRL's convention ``fn(prompts, completions, completion_ids, **columns)
+            -> list[float | None]``, called once per prompt group: ``"package.module:function"``,
+            ``"path/to/file.py:function"``, a built-in (``"math_verify"``, ``"exact_match"``), or
+            ``{"class_path": ..., "init_args": ...}``. Empty: the toy task's own reward.
+        reward_weights: One weight per reward function (default 1.0 each); a sample's reward is the weighted sum
+            of the values that are not ``None``.
+        reward_workers: Threads (or processes) that run the reward functions, off the rollouter's event loop.
+        reward_timeout_s: Longest one reward-function call on one group may take.
+        reward_error: What a reward function that raises, times out, or returns NaN or the wrong number of values
+            does: ``"fail"`` stops the run with one line naming the function and the prompt; ``"zero"`` scores
+            those samples 0 and counts them (``train/reward_errors``).
         build_model: If ``rollout.model_path`` holds no model yet, build a tiny local one there (CPU quickstart):
             ``True`` for the defaults, or a :class:`~lightning_hybrid_rollout.config.TinyModelConfig` (its size,
             seed and ``format_warmup_steps``). The trainer's wait limit is ``async_training.wait_timeout_s``.
@@ -88,8 +107,14 @@ class HybridRolloutCallback(Callback):
         self,
         rollout: RolloutConfig,
         async_training: AsyncTrainingConfig | None = None,
+        dataset: DatasetConfig | dict[str, Any] | None = None,
         task: str = "arithmetic",
         task_kwargs: dict[str, Any] | None = None,
+        reward_funcs: list[str | dict[str, Any]] | None = None,
+        reward_weights: list[float] | None = None,
+        reward_workers: int = 1,
+        reward_timeout_s: float = 60.0,
+        reward_error: Literal["fail", "zero"] = "fail",
         build_model: bool | TinyModelConfig = False,
         trace: bool = True,
         run_dir: str | None = None,
@@ -100,8 +125,20 @@ class HybridRolloutCallback(Callback):
         validate_run_config(self.async_training, self.rollout)
         if not self.rollout.model_path:
             raise ConfigError(["rollout.model_path must be set: the directory of a Hugging Face causal LM"])
+        self.dataset = (
+            DatasetConfig(**dataset) if isinstance(dataset, dict) and "class_path" not in dataset else dataset
+        )
         self.task_name = task
         self.task_kwargs = dict(task_kwargs or {})
+        #: The reward functions' settings (loaded, with the data set's columns known, before anything starts).
+        self.rewards = RewardConfig(
+            reward_funcs=list(reward_funcs or []),
+            reward_weights=None if reward_weights is None else list(reward_weights),
+            reward_workers=reward_workers,
+            reward_timeout_s=reward_timeout_s,
+            reward_error=reward_error,
+        )
+        self._workload: Workload | None = None
         #: The tiny model to build at ``rollout.model_path`` if it holds none (None: never build).
         self.build_model = TinyModelConfig.resolve(build_model)
         self.trace = trace
@@ -207,6 +244,16 @@ class HybridRolloutCallback(Callback):
         from transformers import AutoTokenizer
 
         self._tokenizer = AutoTokenizer.from_pretrained(self.rollout.model_path)
+        if trainer.is_global_zero:
+            # the data set, the prompts' lengths and the reward functions are checked before Ray starts
+            self._workload = build_workload(
+                dataset=self.dataset,
+                task=self.task_name,
+                task_kwargs=self.task_kwargs,
+                rewards=self.rewards,
+                rollout=self.rollout,
+                tokenizer=self._tokenizer,
+            )
         datamodule = getattr(trainer, "datamodule", None)
         if datamodule is None or not hasattr(datamodule, "attach_source"):
             raise ConfigError(
@@ -255,14 +302,11 @@ class HybridRolloutCallback(Callback):
 
     def _start_runtime(self, trainer: Trainer) -> None:
         from lightning_hybrid_rollout.lightning.runtime import RolloutRuntime
-        from lightning_hybrid_rollout.tasks import get_task
 
-        task = get_task(self.task_name, **self.task_kwargs)
         self._runtime = RolloutRuntime(
             rollout=self.rollout,
             async_training=self.async_training,
-            task=task,
-            tokenizer=self._tokenizer,
+            workload=self._workload,
             run_dir=self._run_dir,
             trace=self.trace,
             trainer=_TrainerLink(self),
@@ -321,9 +365,14 @@ class HybridRolloutCallback(Callback):
         self._shutdown()
 
     def _shutdown(self) -> None:
-        if self._runtime is not None:
-            runtime, self._runtime = self._runtime, None
-            runtime.stop()
+        try:
+            if self._runtime is not None:
+                runtime, self._runtime = self._runtime, None
+                runtime.stop()
+        finally:
+            if self._workload is not None:
+                workload, self._workload = self._workload, None
+                workload.close()
 
     # --------------------------------------------------------------------------------------------- per step
 
@@ -409,6 +458,7 @@ class HybridRolloutCallback(Callback):
             self._ledger.add_compute(max(0.0, step_s - self._step_fetch_s))
             self._runtime.trace_phase("training", self._step_start + self._step_fetch_s, self._clock())
             self._log(pl_module, "rollout/mq_size_step", float(self._runtime.queue_size()), prog_bar=False)
+            self._log_workload(pl_module)
         if not self._is_cycle_end(trainer):
             self._end_step(trainer)
             return
@@ -556,6 +606,14 @@ class HybridRolloutCallback(Callback):
             name, float(value), on_step=True, on_epoch=False, rank_zero_only=True, prog_bar=prog_bar, batch_size=1
         )
 
+    def _log_workload(self, pl_module: LightningModule) -> None:
+        """``train/prompts_skipped_too_long`` (a running count), each reward function's mean over the samples
+        scored since the last step (``train/rewards/<name>_mean``) and ``train/reward_errors``."""
+        self._log(pl_module, "train/prompts_skipped_too_long", float(self._runtime.prompts_skipped_too_long()))
+        if self._workload is not None:
+            for name, value in self._workload.runner.take_stats().items():
+                self._log(pl_module, name, float(value))
+
     def _cycle_end(self, stats: Any, sync_s: float, end: Any) -> CycleEnd:
         """Rank 0's measurements at the end of the cycle (what the ledger did not accumulate itself)."""
         saved_s: float | None = None
@@ -609,7 +667,8 @@ class HybridRolloutCallback(Callback):
             state["controller"] = self._controller.state_dict()
         if self._runtime is not None:
             state["generated_samples"] = self.generated_offset + self._runtime.generated_samples()
-            state["buffered_samples"] = self._runtime.queue_state()
+            # unfinished groups, buffered samples and the prompt stream's position, in one atomic step
+            state["rollouter"] = self._runtime.rollouter_state()
         return state
 
     @override
@@ -629,10 +688,14 @@ class HybridRolloutCallback(Callback):
         if self._controller is not None and "controller" in state:
             self._controller.load_state_dict(state["controller"])
         generated = int(state.get("generated_samples", self.samples_consumed))
-        if "buffered_samples" in state:
+        if "rollouter" in state:
+            # the rollouter's counters continue; unfinished groups continue from their prefixes, the prompt
+            # stream where it stopped (no prompt repeated or skipped)
+            self._runtime.restore_rollouter(state["rollouter"])
+            self.generated_offset = generated - self._runtime.generated_samples()
+        elif "buffered_samples" in state:  # a checkpoint of an earlier version: buffered samples only
             self._runtime.restore_queue(state["buffered_samples"])
-        # Samples in flight at save time are regenerated (their prompts are re-drawn); buffered ones are restored.
-        self.generated_offset = generated - 0
+            self.generated_offset = generated
         rank_zero_info(
             f"[lhr] resumed at param version {self.param_version}, cycle {self.cycles_done}, "
             f"{self._runtime.queue_size()} buffered samples restored, ratio {self.policy.deactivate_ratio:.3f}"

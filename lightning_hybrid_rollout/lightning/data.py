@@ -53,6 +53,7 @@ class RolloutBatch:
             all equal: such samples carry no learning signal; see ``filter_groups``).
         weight_version_min: ``[B]`` long, oldest weight version any segment of the sample was generated under.
         weight_version_max: ``[B]`` long, newest weight version any segment was generated under.
+        truncated: ``[B]`` float, 1.0 for a response cut at the length limit (``finish_reason == "length"``).
         samples: The raw ``Sample`` objects, in row order (for logging / custom losses).
 
     Example::
@@ -71,6 +72,7 @@ class RolloutBatch:
     group_reward_std: Tensor
     weight_version_min: Tensor
     weight_version_max: Tensor
+    truncated: Tensor
     samples: list[Sample] = field(default_factory=list)
 
     def __len__(self) -> int:
@@ -296,6 +298,7 @@ def collate_samples(
         group_reward_std=group_reward_std.to(torch.float32),
         weight_version_min=torch.tensor([s.min_weight_version for s in samples], dtype=torch.long),
         weight_version_max=torch.tensor([s.max_weight_version for s in samples], dtype=torch.long),
+        truncated=torch.tensor([float(s.finish_reason == "length") for s in samples], dtype=torch.float32),
         samples=list(samples),
     )
 

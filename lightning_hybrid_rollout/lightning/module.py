@@ -131,6 +131,8 @@ class GRPOModule(LightningModule):
         micro_batch_size: Rows per forward/backward (gradient accumulation; switches to manual optimisation).
         filter_groups: Zero the loss weight of samples whose group's rewards are all equal (their advantage is
             0; dropping them from the token-mean denominator is DAPO's "dynamic sampling" at loss level).
+        mask_truncated: Zero the loss weight of responses cut at ``response_length`` (no end token: their reward
+            judges an unfinished answer; DAPO's overlong filtering). ``train/truncated_fraction`` is logged always.
         temperature: Logits are divided by it; must match what the engine's log-probs were computed under.
         grad_clip: Max grad norm in manual mode (``Trainer(gradient_clip_val=...)`` is refused by Lightning
             there); in automatic mode used only if the Trainer sets none.
@@ -157,6 +159,7 @@ class GRPOModule(LightningModule):
         ppo_epochs: int = 1,
         micro_batch_size: int | None = None,
         filter_groups: bool = False,
+        mask_truncated: bool = False,
         temperature: float = 1.0,
         grad_clip: float | None = None,
     ) -> None:
@@ -256,10 +259,13 @@ class GRPOModule(LightningModule):
         return logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
     def loss_mask(self, batch: RolloutBatch) -> Tensor:
-        """``[B, T - 1]`` weights of the tokens the loss trains (response tokens; filtered groups zeroed)."""
+        """``[B, T - 1]`` weights of the tokens the loss trains (response tokens; filtered groups and, with
+        ``mask_truncated``, truncated responses zeroed)."""
         mask = batch.response_mask[:, 1:]
         if self.hparams.filter_groups:
             mask = mask * (batch.group_reward_std > 0).to(mask.dtype).unsqueeze(-1)
+        if self.hparams.get("mask_truncated", False):
+            mask = mask * (1.0 - batch.truncated.to(mask.dtype)).unsqueeze(-1)
         return mask
 
     # ------------------------------------------------------------------- loss
@@ -362,6 +368,7 @@ class GRPOModule(LightningModule):
             "train/staleness_mean": staleness.mean(),
             "train/staleness_max": staleness.max(),
             "train/response_length_mean": batch.response_lengths.float().mean(),
+            "train/truncated_fraction": batch.truncated.mean(),
         }
         if self.hparams.filter_groups:
             metrics["train/kept_fraction"] = (batch.group_reward_std > 0).float().mean()

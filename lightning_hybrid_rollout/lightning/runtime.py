@@ -11,9 +11,9 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from lightning_hybrid_rollout.config import AsyncTrainingConfig, RolloutConfig
 from lightning_hybrid_rollout.lightning.hybrid_pool import HybridReplicaPool, NoTrainer, OverlapReport, TrainerLink
@@ -21,8 +21,9 @@ from lightning_hybrid_rollout.lightning.placement import pin_trainer_process, pl
 from lightning_hybrid_rollout.rollout.engine import SamplingSpec
 from lightning_hybrid_rollout.rollout.event_loop import EventLoopThread
 from lightning_hybrid_rollout.rollout.message_queue import MessageQueue
-from lightning_hybrid_rollout.rollout.sample import Sample
-from lightning_hybrid_rollout.tasks.base import Task
+
+if TYPE_CHECKING:
+    from lightning_hybrid_rollout.lightning.workload import PromptFeed, Workload
 
 __all__ = [
     "HybridReplicaPool",
@@ -103,8 +104,8 @@ class RolloutRuntime(RuntimeQueries):
     Args:
         rollout: Rollout configuration.
         async_training: Async-training configuration (queue bound, staleness, partial rollout).
-        task: The task: prompts and reward.
-        tokenizer: The model's tokenizer (Hugging Face).
+        workload: What the run trains on: its prompt source, rendering, reward functions and stop tokens
+            (:class:`~lightning_hybrid_rollout.lightning.workload.Workload`).
         run_dir: Run directory (vLLM temp files, the trace).
         trace: Write ``trace.json`` (Chrome trace events) to ``run_dir``.
         trainer: What the hybrid pool asks of the trainer side (:class:`TrainerLink`; default: nothing to offload,
@@ -115,16 +116,16 @@ class RolloutRuntime(RuntimeQueries):
         self,
         rollout: RolloutConfig,
         async_training: AsyncTrainingConfig,
-        task: Task,
-        tokenizer: Any,
+        workload: Workload | None,
         run_dir: str | os.PathLike[str],
         trace: bool = True,
         trainer: TrainerLink | None = None,
     ) -> None:
         self.rollout = rollout
         self.async_training = async_training
-        self.task = task
-        self.tokenizer = tokenizer
+        self.workload = workload
+        #: The rollouter's prompt iterable (its position is in the rollouter's state_dict); built at start.
+        self.prompt_feed: PromptFeed | None = None
         self.run_dir = Path(run_dir)
         self.trainer: TrainerLink = trainer if trainer is not None else NoTrainer()
         self.queue = MessageQueue(maxsize=async_training.max_required_samples)
@@ -219,12 +220,21 @@ class RolloutRuntime(RuntimeQueries):
             h_cores,
         )
         a = self.async_training
+        w = self.workload
+        if w is None:
+            raise RuntimeError("RolloutRuntime.start needs a workload (prompts, rewards, tokenizer)")
+        self.prompt_feed = w.prompt_feed()
         self.rollouter = Rollouter(
-            self._prompt_stream(),
-            self.tokenizer.encode,
-            self._reward,
+            self.prompt_feed,
+            w.tokenizer.encode,
+            w.scorer(),
             self.queue,
-            sampling=SamplingSpec(max_tokens=r.response_length, temperature=r.temperature, top_p=r.top_p),
+            sampling=SamplingSpec(
+                max_tokens=r.response_length,
+                temperature=r.temperature,
+                top_p=r.top_p,
+                stop_token_ids=tuple(w.stop_token_ids),
+            ),
             replicas=self.standalone,
             n_samples_per_prompt=r.n,
             max_required_samples=a.max_required_samples,
@@ -259,13 +269,19 @@ class RolloutRuntime(RuntimeQueries):
 
     # ------------------------------------------------------------------------------------------------ data
 
-    def _prompt_stream(self) -> Iterator[dict[str, Any]]:
-        for p in self.task.prompts(seed=self.rollout.seed):
-            yield {"prompt": p.prompt, **p.metadata}
+    def rollouter_state(self) -> dict[str, Any]:
+        """For a checkpoint, taken atomically on the loop: the rollouter's counters, its unfinished groups (with
+        their generated prefixes), the buffered samples and the prompt stream's position."""
+        return dict(self.rollouter.state_dict())
 
-    def _reward(self, sample: Sample) -> float:
-        text = self.tokenizer.decode(sample.response_token_ids, skip_special_tokens=False)
-        return float(self.task.reward(text, sample.metadata))
+    def restore_rollouter(self, state: Mapping[str, Any]) -> None:
+        """Load :meth:`rollouter_state` (before generation starts): unfinished groups continue first, the prompt
+        stream continues where it stopped."""
+        self.rollouter.load_state_dict(state)
+
+    def prompts_skipped_too_long(self) -> int:
+        """Prompts skipped because they are longer than ``rollout.prompt_length`` tokens (since the run began)."""
+        return self.prompt_feed.skipped_too_long if self.prompt_feed is not None else 0
 
     # --------------------------------------------------------------------------------------------- weights
 

@@ -64,7 +64,9 @@ class Recorder(Callback):
             "ratio": self.cb.policy.deactivate_ratio,
             "policy_state": state["policy"],
             "switch_history": [str(r) for r in self.cb.controller.switch_history],
-            "queue_uids": sorted(s["uid"] for s in state["buffered_samples"].get("samples", [])),
+            "queue_uids": sorted(s["uid"] for s in state["rollouter"]["message_queue"].get("samples", [])),
+            "pending_uids": sorted(s["uid"] for g in state["rollouter"]["pending_groups"] for s in g["samples"]),
+            "prompts": state["rollouter"].get("prompts"),
         }
 
 

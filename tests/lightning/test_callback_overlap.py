@@ -180,8 +180,7 @@ def drive(
         rt = RolloutRuntime(
             RolloutConfig(model_path="unused", hybrid_replicas=1),
             a,
-            task=None,  # type: ignore[arg-type]
-            tokenizer=None,
+            workload=None,
             run_dir=tmp_path,
             trace=False,
             trainer=_TrainerLink(cb),

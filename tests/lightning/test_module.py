@@ -393,3 +393,14 @@ def test_custom_module_doc_example_runs_two_steps() -> None:
     assert trainer.global_step == 2
     assert module.policy_model is module.model and module.baseline != 0.0
     assert "train/reward_mean" in trainer.callback_metrics
+
+
+def test_mask_truncated_drops_length_cut_responses_from_the_loss_and_the_fraction_is_measured() -> None:
+    samples = synthetic_samples(0)
+    for s in samples[::2]:
+        s.finish_reason = "length"
+    batch = collate_samples(samples, pad_token_id=0)
+    assert batch.truncated.tolist() == [1.0, 0.0] * (len(samples) // 2)
+    kept = GRPOModule(model=tiny_llama(), mask_truncated=False).loss_mask(batch)
+    masked = GRPOModule(model=tiny_llama(), mask_truncated=True).loss_mask(batch)
+    assert masked[::2].sum() == 0 and torch.equal(masked[1::2], kept[1::2]) and kept[::2].sum() > 0

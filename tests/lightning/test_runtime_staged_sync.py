@@ -30,8 +30,7 @@ def _runtime(tmp_path: Path, staged: bool, log: list[str]) -> RolloutRuntime:
     rt = RolloutRuntime(
         RolloutConfig(model_path="unused", hybrid_replicas=0),
         a,
-        task=None,  # type: ignore[arg-type]
-        tokenizer=None,
+        workload=None,
         run_dir=tmp_path,
         trace=False,
     )

@@ -1,0 +1,261 @@
+"""What a run trains on: a prompt source, how its prompts are rendered, its reward functions and its stop tokens.
+
+A :class:`Workload` joins the user's three inputs (a model directory's tokenizer, a prompt source, reward
+functions) to the rollouter's two seams:
+
+- :class:`PromptFeed` turns the source's :class:`~lightning_hybrid_rollout.sources.PromptRecord` s into prompt items
+  (chat template applied, tokenized, too-long prompts skipped and counted); its position is the source's, saved in
+  the rollouter's ``state_dict`` with the groups it produced;
+- :class:`SampleGroupScorer` decodes a finished group (special tokens dropped, cut at the first stop token) and
+  scores it with one awaited call to the :class:`~lightning_hybrid_rollout.rewards.RewardRunner` (TRL's calling
+  convention, off the rollouter's loop).
+
+A sample's ``metadata`` holds the row's other columns (the reward functions' keyword arguments) and, under
+:data:`PROMPT_KEY`, the row's index and epoch and, for a chat prompt, its messages.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_hybrid_rollout.config import RolloutConfig
+from lightning_hybrid_rollout.errors import ConfigError
+from lightning_hybrid_rollout.rewards import GroupRewardInput, RewardConfig, RewardFunction, RewardRunner
+from lightning_hybrid_rollout.rewards.loading import load_reward_functions
+from lightning_hybrid_rollout.rollout.sample import Sample
+from lightning_hybrid_rollout.rollout.vllm.tokenizer_info import ensure_pad_token, stop_token_ids
+from lightning_hybrid_rollout.sources import (
+    PromptRecord,
+    PromptRenderer,
+    PromptSource,
+    SourceSpec,
+    build_source,
+    check_prompts_fit,
+)
+
+log = logging.getLogger(__name__)
+
+#: The metadata key of a sample's prompt record: ``{"index", "epoch", "messages"}`` (``messages``: None if plain).
+PROMPT_KEY = "lhr_prompt"
+#: Metadata keys that are not data set columns (never passed to a reward function).
+RESERVED_KEYS = frozenset({PROMPT_KEY, "rollout"})
+
+
+class PromptFeed:
+    """The rollouter's prompt iterable over a :class:`PromptSource`: rendered, tokenized, too-long ones skipped.
+
+    Checkpointable (``state_dict``/``load_state_dict``): its state is the source's position and the skip count.
+    The source is read lazily, one record per prompt the rollouter admits, on the rollouter's loop.
+
+    Args:
+        source: The prompt source.
+        renderer: Chat template + tokenization + the ``prompt_length`` rule.
+    """
+
+    def __init__(self, source: PromptSource, renderer: PromptRenderer) -> None:
+        self.source = source
+        self.renderer = renderer
+
+    @property
+    def skipped_too_long(self) -> int:
+        """Prompts skipped since the run began because they are longer than ``prompt_length`` tokens."""
+        return int(self.renderer.skipped_too_long)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for record in self.source:
+            rendered = self.renderer.render(record)
+            if rendered is None:
+                continue
+            yield {
+                **record.columns,
+                "prompt": rendered.text,
+                "prompt_token_ids": list(rendered.token_ids),
+                PROMPT_KEY: {"index": record.index, "epoch": record.epoch, "messages": rendered.messages},
+            }
+
+    def state_dict(self) -> dict[str, Any]:
+        """The source's position (the next record it yields) and the skip count."""
+        return {"source": self.source.state_dict(), "skipped_too_long": self.skipped_too_long}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state_dict`'s position (before the first prompt is read)."""
+        self.source.load_state_dict(state["source"])
+        self.renderer.skipped_too_long = int(state.get("skipped_too_long", 0))
+
+
+def cut_at_stop(token_ids: Sequence[int], stop_token_ids: Sequence[int]) -> list[int]:
+    """The response's tokens before its first stop token (all of them if it has none)."""
+    stops = set(stop_token_ids)
+    for i, tok in enumerate(token_ids):
+        if tok in stops:
+            return list(token_ids[:i])
+    return list(token_ids)
+
+
+def columns_of(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """A sample's data set columns (its metadata without the reserved keys)."""
+    return {k: v for k, v in metadata.items() if k not in RESERVED_KEYS}
+
+
+def group_reward_input(samples: Sequence[Sample], tokenizer: Any, stop_token_ids: Sequence[int]) -> GroupRewardInput:
+    """One group's reward-function input, in TRL's convention.
+
+    Each completion is decoded without special tokens, cut at its first stop token; for a chat prompt ``prompts``
+    holds its message list and each completion is ``[{"role": "assistant", "content": text}]``, for a plain prompt
+    both are strings. Every column is a list with one value per completion.
+
+    Args:
+        samples: The finished samples of one prompt group.
+        tokenizer: The model's tokenizer.
+        stop_token_ids: The run's stop tokens.
+    """
+    first = samples[0].metadata.get(PROMPT_KEY) or {}
+    messages = first.get("messages")
+    is_chat = messages is not None
+    completion_ids = [cut_at_stop(s.response_token_ids, stop_token_ids) for s in samples]
+    texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in completion_ids]
+    prompts = [list(messages) if is_chat else s.prompt for s in samples]
+    completions: list[Any] = [[{"role": "assistant", "content": t}] for t in texts] if is_chat else texts
+    names = list(columns_of(samples[0].metadata))
+    columns = {name: [s.metadata.get(name) for s in samples] for name in names}
+    return GroupRewardInput(
+        prompt_index=int(first.get("index", -1)),
+        prompts=prompts,
+        completions=completions,
+        completion_ids=completion_ids,
+        columns=columns,
+        is_chat=is_chat,
+    )
+
+
+class SampleGroupScorer:
+    """The rollouter's :class:`~lightning_hybrid_rollout.rollout.production.GroupScorer` for a workload.
+
+    Args:
+        runner: Runs the reward functions (off the loop, with timeouts and the ``reward_error`` rule).
+        tokenizer: Decodes the completions.
+        stop_token_ids: Where a completion ends.
+    """
+
+    def __init__(self, runner: RewardRunner, tokenizer: Any, stop_token_ids: Sequence[int]) -> None:
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.stop_token_ids = tuple(stop_token_ids)
+
+    async def score_group(self, samples: Sequence[Sample]) -> list[float]:
+        """One weighted reward per sample (TRL's convention; see :func:`group_reward_input`)."""
+        result = await self.runner.score_group(group_reward_input(samples, self.tokenizer, self.stop_token_ids))
+        return [float(r) for r in result.rewards]
+
+
+@dataclass
+class Workload:
+    """A run's prompts, rendering, rewards and stop tokens (built by the callback before anything starts).
+
+    Args:
+        source: Where prompts come from (a data set, a toy task, a custom source).
+        renderer: Chat template, tokenization and the too-long rule.
+        runner: The reward functions.
+        tokenizer: The model's tokenizer.
+        stop_token_ids: Every end token of the model (tokenizer and ``generation_config.json``).
+    """
+
+    source: PromptSource
+    renderer: PromptRenderer
+    runner: RewardRunner
+    tokenizer: Any
+    stop_token_ids: tuple[int, ...]
+
+    def prompt_feed(self) -> PromptFeed:
+        """The rollouter's prompt iterable (one per run: it reads the source)."""
+        return PromptFeed(self.source, self.renderer)
+
+    def scorer(self) -> SampleGroupScorer:
+        """The rollouter's group scorer."""
+        return SampleGroupScorer(self.runner, self.tokenizer, self.stop_token_ids)
+
+    def validation_records(self) -> list[PromptRecord]:
+        """The source's held-out prompts."""
+        return list(self.source.validation_records())
+
+    def close(self) -> None:
+        """Stop the reward pool."""
+        self.runner.close()
+
+
+def _reward_functions(rewards: RewardConfig, source: PromptSource, columns: list[str]) -> list[RewardFunction]:
+    """The configured reward functions (checked against the data set's columns), or the source's own."""
+    if rewards.reward_funcs:
+        return load_reward_functions(rewards, columns=columns)
+    defaults = source.default_reward_funcs()
+    if not defaults:
+        raise ConfigError(
+            f"the prompt source {getattr(source, 'name', type(source).__name__)!r} has no reward of its own: set "
+            'reward_funcs, e.g. ["my_rewards.py:accuracy"] or the built-in "math_verify" against a solution column'
+        )
+    weights = rewards.weights if rewards.reward_weights is not None else [1.0] * len(defaults)
+    if len(weights) != len(defaults):
+        raise ConfigError(
+            f"reward_weights has {len(weights)} values but the source's own reward has {len(defaults)} "
+            "functions; give one weight per function or leave reward_weights unset"
+        )
+    return [
+        RewardFunction(name=getattr(fn, "__name__", type(fn).__name__), fn=fn, weight=w, spec="(the source's own)")
+        for fn, w in zip(defaults, weights)
+    ]
+
+
+def build_workload(
+    *,
+    dataset: SourceSpec | None,
+    task: str,
+    task_kwargs: Mapping[str, Any] | None,
+    rewards: RewardConfig,
+    rollout: RolloutConfig,
+    tokenizer: Any,
+) -> Workload:
+    """Build and check a run's workload before anything starts (no replica, no Ray).
+
+    The data file is loaded and its rows checked, the prompts' lengths scanned against ``rollout.prompt_length``
+    (every prompt too long is an error), the reward functions imported and their signatures checked against the
+    data set's columns, the stop tokens read from the tokenizer and ``generation_config.json``, and a pad token set
+    if the tokenizer has none.
+
+    Args:
+        dataset: The ``dataset:`` config (a :class:`~lightning_hybrid_rollout.sources.DatasetConfig`, its mapping,
+            a ``class_path`` mapping or a source); ``None``: the toy ``task``.
+        task: The toy task's name (used without ``dataset``).
+        task_kwargs: The toy task's constructor arguments.
+        rewards: The reward functions' settings.
+        rollout: The rollout config (``seed``, ``prompt_length``, ``model_path``).
+        tokenizer: The model's tokenizer.
+
+    Raises:
+        ConfigError, DatasetError, RewardFunctionError: one line naming what is wrong and how to fix it.
+    """
+    source = build_source(dataset if dataset is not None else task, seed=rollout.seed, task_kwargs=task_kwargs)
+    cfg = getattr(source, "config", None)
+    renderer = PromptRenderer(
+        tokenizer,
+        prompt_length=rollout.prompt_length,
+        system_prompt=getattr(cfg, "system_prompt", None),
+        chat_template=getattr(cfg, "chat_template", None),
+    )
+    check_prompts_fit(source, renderer)
+    preview = source.preview(1)
+    columns = sorted(preview[0].columns) if preview else []
+    functions = _reward_functions(rewards, source, columns)
+    ensure_pad_token(tokenizer)
+    stops = stop_token_ids(rollout.model_path, tokenizer)
+    runner = RewardRunner(
+        functions,
+        workers=rewards.reward_workers,
+        pool=rewards.reward_pool,
+        timeout_s=rewards.reward_timeout_s,
+        on_error=rewards.reward_error,
+    )
+    log.debug("workload: source %r, rewards %s, stop tokens %s", source, [f.name for f in functions], stops)
+    return Workload(source=source, renderer=renderer, runner=runner, tokenizer=tokenizer, stop_token_ids=stops)

@@ -1,0 +1,193 @@
+"""The ``rewards`` section: which reward functions score a finished prompt group, and how they are run.
+
+Pure Python (no torch, Ray or vLLM). Every field has an attribute docstring under it (``--help`` and
+:func:`lightning_hybrid_rollout.config.field_docs` read them); :meth:`RewardConfig.__post_init__` checks each
+value and raises one :class:`ConfigError` with one line per bad value (key, value seen, fix).
+
+Forms of a ``reward_funcs`` item (resolved by :func:`lightning_hybrid_rollout.rewards.loading.load_reward_functions`):
+
+* ``"package.module:function"`` (or TRL's ``"package.module.function"``): a function of an importable module;
+* ``"path/to/file.py:function"``: a function of a Python file (a relative path is read from the current directory);
+* ``"math_verify"`` or ``"exact_match"``: a built-in (:data:`lightning_hybrid_rollout.rewards.builtin.BUILTINS`);
+* ``{"class_path": "package.module.Class", "init_args": {...}}``: an instance of a class whose instances are
+  callable; ``class_path`` may be a built-in class's short name, e.g.
+  ``{"class_path": "format", "init_args": {"pattern": "<answer>.*</answer>"}}``.
+
+Example::
+
+    >>> cfg = RewardConfig(reward_funcs=["math_verify", "my_rewards.py:brevity"], reward_weights=[1.0, 0.1])
+    >>> cfg.weights
+    [1.0, 0.1]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from lightning_hybrid_rollout.errors import ConfigError
+
+__all__ = ["BUILTIN_CLASS_NAMES", "BUILTIN_FUNCTION_NAMES", "RewardConfig"]
+
+BUILTIN_FUNCTION_NAMES: tuple[str, ...] = ("math_verify", "exact_match")
+"""Short names of the built-in functions, usable as a plain ``reward_funcs`` string (kept here, import-free, so
+the config checks names without importing the built-ins; ``builtin.BUILTINS`` holds the objects)."""
+
+BUILTIN_CLASS_NAMES: tuple[str, ...] = ("format",)
+"""Short names of the built-in classes, usable as a ``class_path`` (they need ``init_args``)."""
+
+_DICT_KEYS = ("class_path", "init_args")
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _item_problem(key: str, item: Any) -> str | None:
+    """The problem of one ``reward_funcs`` item (None if its form is valid; whether it loads is checked later)."""
+    if isinstance(item, str):
+        spec = item.strip()
+        if not spec:
+            return f"{key} is an empty string. Give 'package.module:function', 'path/file.py:function' or a built-in."
+        if ":" in spec:
+            where, _, attr = spec.rpartition(":")
+            if not where or not attr.isidentifier():
+                return f"{key} must read 'module:function' or 'path/file.py:function', got {item!r}."
+            return None
+        if spec.endswith(".py"):
+            return f"{key} names a file but no function, got {item!r}. Write '{spec}:function_name'."
+        if "." in spec or spec in BUILTIN_FUNCTION_NAMES:
+            return None
+        if spec in BUILTIN_CLASS_NAMES:
+            return (
+                f"{key} is the built-in class {spec!r}, which needs arguments: write "
+                f"{{class_path: {spec}, init_args: {{...}}}}."
+            )
+        close = difflib.get_close_matches(spec, BUILTIN_FUNCTION_NAMES, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        return (
+            f"{key} is not a built-in reward, got {item!r}.{hint} Built-ins: {', '.join(BUILTIN_FUNCTION_NAMES)}; "
+            "or give 'package.module:function'."
+        )
+    if isinstance(item, Mapping):
+        unknown = [k for k in item if k not in _DICT_KEYS]
+        if unknown or not isinstance(item.get("class_path"), str) or not item["class_path"].strip():
+            return f"{key} must be {{class_path: package.module.Class, init_args: {{...}}}}, got {dict(item)!r}." + (
+                f" Unknown keys: {', '.join(map(str, unknown))}." if unknown else ""
+            )
+        if not isinstance(item.get("init_args", {}), Mapping):
+            return f"{key}.init_args must be a mapping of constructor arguments, got {item['init_args']!r}."
+        return None
+    return f"{key} must be a string or a {{class_path, init_args}} mapping, got {type(item).__name__} {item!r}."
+
+
+@dataclass
+class RewardConfig:
+    """The ``rewards`` section: reward functions in TRL's calling convention, run in a worker pool.
+
+    Each function is called once per finished prompt group as
+    ``fn(prompts=..., completions=..., completion_ids=..., **columns)`` (one list entry per completion, columns being
+    the data set's other fields) and returns one float, or ``None`` ("does not apply"), per completion. A sample's
+    reward is the weighted sum over the functions that did not return ``None`` for it (0.0 if all did).
+    """
+
+    SECTION: ClassVar[str] = "rewards"
+
+    reward_funcs: list[str | dict[str, Any]] = field(default_factory=list)
+    """Reward functions, in order: ``"package.module:function"``, ``"path/to/file.py:function"`` (relative to the
+    current directory), a built-in name (``math_verify``, ``exact_match``), or ``{class_path: package.module.Class,
+    init_args: {...}}`` for a callable class (``class_path: format`` is the built-in regex format reward). Empty:
+    the task's own reward is used."""
+
+    reward_weights: list[float] | None = None
+    """One weight per reward function (a sample's reward is the weighted sum). ``None``: 1.0 each."""
+
+    reward_workers: int = 1
+    """Size of the worker pool the reward functions run in (off the rollouter's event loop). Calls beyond it
+    wait for a free worker; the functions of one group run concurrently up to this many."""
+
+    reward_pool: Literal["thread", "process"] = "thread"
+    """``thread``: a thread pool (cheap; right for functions that release the GIL or wait on I/O, e.g. a remote
+    judge). ``process``: a pool of spawned processes (true parallelism for CPU-bound scoring); each worker loads
+    the functions again from their ``reward_funcs`` item, so they must be importable from the current directory,
+    and their inputs and results must be picklable."""
+
+    reward_timeout_s: float = 60.0
+    """Longest one call (one function on one group) may run, in seconds, counted from when it gets a worker. A
+    timed-out call frees its group, not its worker: a thread cannot be killed (a stuck one keeps its worker until
+    it returns); a process pool's workers are terminated when the run closes."""
+
+    reward_error: Literal["fail", "zero"] = "fail"
+    """What a failed call does (raised, timed out, returned NaN/inf, a non-number or the wrong number of values):
+    ``fail`` stops the run with the function's name and the prompt index; ``zero`` scores that function 0.0 on
+    every sample of the group, counts it in ``train/reward_errors`` and logs each kind of failure once per
+    function at WARNING (repeats at DEBUG)."""
+
+    def __post_init__(self) -> None:
+        p: list[str] = []
+        s = self.SECTION
+        if not isinstance(self.reward_funcs, list):
+            p.append(f"{s}.reward_funcs must be a list, got {self.reward_funcs!r}. Write one item per function.")
+        else:
+            for i, item in enumerate(self.reward_funcs):
+                problem = _item_problem(f"{s}.reward_funcs[{i}]", item)
+                if problem:
+                    p.append(problem)
+        if self.reward_weights is not None:
+            w = self.reward_weights
+            n = len(self.reward_funcs) if isinstance(self.reward_funcs, list) else None
+            if not isinstance(w, list) or not all(_is_real(x) for x in w):
+                p.append(f"{s}.reward_weights must be a list of finite numbers, got {w!r}. Or leave it unset (1.0).")
+            elif n is not None and len(w) != n:
+                p.append(
+                    f"{s}.reward_weights has {len(w)} weights for {n} reward_funcs, got {w!r}. "
+                    "Give one weight per function, in the same order."
+                )
+        if not isinstance(self.reward_workers, int) or isinstance(self.reward_workers, bool) or self.reward_workers < 1:
+            p.append(f"{s}.reward_workers must be an integer >= 1, got {self.reward_workers!r}. Use 1 or more.")
+        if self.reward_pool not in ("thread", "process"):
+            p.append(f"{s}.reward_pool must be one of ['thread', 'process'], got {self.reward_pool!r}.")
+        if not _is_real(self.reward_timeout_s) or self.reward_timeout_s <= 0:
+            p.append(f"{s}.reward_timeout_s must be a number > 0, got {self.reward_timeout_s!r}. E.g. 60 (seconds).")
+        if self.reward_error not in ("fail", "zero"):
+            p.append(
+                f"{s}.reward_error must be one of ['fail', 'zero'], got {self.reward_error!r}. "
+                "'fail' stops the run on a failed call, 'zero' scores it 0."
+            )
+        if p:
+            raise ConfigError(p)
+
+    @property
+    def weights(self) -> list[float]:
+        """The weight of each function: :attr:`reward_weights`, or 1.0 each."""
+        if self.reward_weights is None:
+            return [1.0] * len(self.reward_funcs)
+        return [float(w) for w in self.reward_weights]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain ``dict`` that :meth:`from_dict` accepts back."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RewardConfig:
+        """Build from a mapping (e.g. the YAML ``rewards`` section); unknown keys are refused with the valid ones.
+
+        Raises:
+            ConfigError: Unknown keys or invalid values.
+        """
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{cls.SECTION} must be a mapping of keys to values, got {data!r}.")
+        valid = [f.name for f in dataclasses.fields(cls)]
+        unknown = [k for k in data if k not in valid]
+        if unknown:
+            problems = []
+            for k in unknown:
+                close = difflib.get_close_matches(str(k), valid, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                problems.append(f"{cls.SECTION} has no key {k!r}.{hint} Valid keys: {', '.join(valid)}.")
+            raise ConfigError(problems)
+        return cls(**dict(data))
