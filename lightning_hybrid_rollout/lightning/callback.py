@@ -95,6 +95,9 @@ class HybridRolloutCallback(Callback):
         build_model: If ``rollout.model_path`` holds no model yet, build a tiny local one there (CPU quickstart):
             ``True`` for the defaults, or a :class:`~lightning_hybrid_rollout.config.TinyModelConfig` (its size,
             seed and ``format_warmup_steps``). The trainer's wait limit is ``async_training.wait_timeout_s``.
+        summary_every_n_cycles: Print one summary line (reward, samples/s, queue, hybrid state) after the first
+            cycle and every N cycles (0: never); the per-cycle detail is in the trace, ``metrics.csv`` and the
+            DEBUG log.
         trace: Write a Chrome trace-event file ``trace.json`` of replica states and trainer phases to the run dir.
         run_dir: Where Ray temp files, the trace and replica logs go (default: ``trainer.default_root_dir``).
 
@@ -116,6 +119,7 @@ class HybridRolloutCallback(Callback):
         reward_timeout_s: float = 60.0,
         reward_error: Literal["fail", "zero"] = "fail",
         build_model: bool | TinyModelConfig = False,
+        summary_every_n_cycles: int = 10,
         trace: bool = True,
         run_dir: str | None = None,
     ) -> None:
@@ -143,6 +147,10 @@ class HybridRolloutCallback(Callback):
         self.build_model = TinyModelConfig.resolve(build_model)
         self.trace = trace
         self.run_dir = run_dir
+        if summary_every_n_cycles < 0:
+            raise ConfigError([f"summary_every_n_cycles must be >= 0 (0: never), got {summary_every_n_cycles}"])
+        self.summary_every_n_cycles = summary_every_n_cycles
+        self._fit_start = 0.0
 
         a = self.async_training
         self.policy = create_policy(
@@ -322,6 +330,7 @@ class HybridRolloutCallback(Callback):
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._fit_start = self._clock()
         self._ledger.shape = dataclasses.replace(self._ledger.shape, hybrid_devices=trainer.world_size)
         self._ranks = ranks = BoundaryProtocol(
             broadcast=lambda message: self._broadcast(trainer, message),
@@ -412,9 +421,12 @@ class HybridRolloutCallback(Callback):
         if res.deactivated:
             self.call_log.append("deactivate")
             self._record_switch("deactivate", res.deactivate_duration_s)
-            rank_zero_info(
-                f"[lhr] cycle {self.cycles_done + 1}: hybrid replicas deactivated after waiting "
-                f"{wait['s']:.2f}s for {res.wait_samples} samples (switch {res.deactivate_duration_s:.3f}s)"
+            log.debug(
+                "cycle %d: hybrid replicas deactivated after waiting %.2fs for %d samples (switch %.3fs)",
+                self.cycles_done + 1,
+                wait["s"],
+                res.wait_samples,
+                res.deactivate_duration_s,
             )
             rt = self._runtime
             rt.trace_phase("waiting", t_wait, t_wait + wait["s"], hybrid=True)
@@ -527,7 +539,7 @@ class HybridRolloutCallback(Callback):
             self._runtime.trace_phase("switching", t_sw, t_sw + end.activate_duration_s, op="activate")
             self.call_log.append("activate")
             self._record_switch("activate", end.activate_duration_s)
-            rank_zero_info(f"[lhr] cycle {global_steps}: hybrid replicas activated ({end.activate_duration_s:.3f}s)")
+            log.debug("cycle %d: hybrid replicas activated (%.3fs)", global_steps, end.activate_duration_s)
         if end.rebalanced:
             self.call_log.append("request_rebalance")
         synced = prepared and self._overlap.events[-1]["hybrid_error"] is None
@@ -610,6 +622,9 @@ class HybridRolloutCallback(Callback):
         """``train/prompts_skipped_too_long`` (a running count), each reward function's mean over the samples
         scored since the last step (``train/rewards/<name>_mean``) and ``train/reward_errors``."""
         self._log(pl_module, "train/prompts_skipped_too_long", float(self._runtime.prompts_skipped_too_long()))
+        elapsed = self._clock() - self._fit_start
+        if elapsed > 0:
+            self._log(pl_module, "train/samples_per_s", self.samples_consumed / elapsed)
         if self._workload is not None:
             for name, value in self._workload.runner.take_stats().items():
                 self._log(pl_module, name, float(value))
@@ -648,6 +663,26 @@ class HybridRolloutCallback(Callback):
             trainer.callback_metrics[name] = torch.tensor(values[name])
         self.last_cycle_metrics = values
         self._runtime.trace_cycle(self.cycles_done, self._clock(), values)
+        every = self.summary_every_n_cycles
+        if every and (self.cycles_done == 1 or self.cycles_done % every == 0):
+            rank_zero_info(self._summary_line(trainer))
+
+    def _summary_line(self, trainer: Trainer) -> str:
+        """One console line: where the run is and how the hybrid replicas were used since the last one."""
+        metrics = trainer.callback_metrics
+        reward = metrics.get("train/reward_mean")
+        kinds = [e["kind"] for e in self.switch_events]
+        elapsed = max(1e-9, self._clock() - self._fit_start)
+        text = f"[lhr] cycle {self.cycles_done} (step {trainer.global_step})"
+        if reward is not None:
+            text += f": reward {float(reward):.3f}"
+        text += (
+            f", {self.samples_consumed / elapsed:.1f} samples/s trained, queue {self._runtime.queue_size()}, "
+            f"hybrid {'on' if self._controller is not None and self._controller.is_hybrid_active else 'off'} "
+            f"({kinds.count('activate')} activations so far)"
+        )
+        skipped = self._runtime.prompts_skipped_too_long()
+        return text + (f", {skipped} prompts skipped (too long)" if skipped else "")
 
     # ---------------------------------------------------------------------------------------------- checkpoint
 

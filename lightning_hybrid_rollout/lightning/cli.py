@@ -98,12 +98,18 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         main_fn = sim_cli.simulate_main if args[0] == "simulate" else sim_cli.report_main
         raise SystemExit(main_fn(args[1:]))
+    if args and args[0] == "prepare-model":
+        from lightning_hybrid_rollout.lightning.prepare_model_cli import prepare_model_main
+
+        raise SystemExit(prepare_model_main(args[1:]))
     from lightning_hybrid_rollout.config import ConfigError
     from lightning_hybrid_rollout.lightning.config_check import config_paths, precheck_config_file
 
     try:
         for path in config_paths(args):
             precheck_config_file(path)
+        if argv is None:  # the arguments are passed explicitly: LightningCLI warns if sys.argv holds them too
+            sys.argv = sys.argv[:1]
         cli_main(args)
     except ConfigError as err:
         print(f"lhr: invalid configuration: {err}", file=sys.stderr)

@@ -10,12 +10,13 @@ next cycle start onloads every rank, as after a deactivation.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
-from lightning.pytorch.utilities import rank_zero_info
-
 __all__ = ["OverlapSync"]
+
+log = logging.getLogger(__name__)
 
 
 class OverlapSync:
@@ -72,9 +73,13 @@ class OverlapSync:
                 "hybrid_error": rep.hybrid_error,
             }
         )
-        rank_zero_info(
-            f"[lhr] cycle {cycle}: hybrid wake + sync under the standalone sync "
-            f"({rep.wake_s:.3f}s + {rep.hybrid_sync_s:.3f}s under {rep.standalone_s:.3f}s, saved {rep.saved_s:.3f}s)"
+        log.debug(
+            "cycle %d: hybrid wake + sync under the standalone sync (%.3fs + %.3fs under %.3fs, saved %.3fs)",
+            cycle,
+            rep.wake_s,
+            rep.hybrid_sync_s,
+            rep.standalone_s,
+            rep.saved_s,
         )
         return rep.standalone_s
 
@@ -91,9 +96,8 @@ class OverlapSync:
         event["undo_s"] = duration_s
         self._call_log.append("overlap_undo")
         runtime.trace_phase("switching", t0, t0 + duration_s, op="sleep (overlap undone)")
-        rank_zero_info(
-            f"[lhr] cycle {cycle}: the policy changed its mind after the sync; hybrid replicas back to "
-            f"sleep ({duration_s:.3f}s)"
+        log.debug(
+            "cycle %d: the policy changed its mind after the sync; hybrid back to sleep (%.3fs)", cycle, duration_s
         )
 
     def take_saved_s(self) -> float:

@@ -4,7 +4,8 @@ Lightning's default bar shows every ``prog_bar=True`` metric under its full name
 the logger's ``v_num``; a GRPO run then overflows the line and never shows the reward (logged without
 ``prog_bar``). :class:`HybridRolloutProgressBar` shows::
 
-    Epoch 0 ━━━━━━━━━━━━━━━━━━━━ 40/160 0:01:12 • 0:03:36 0.55it/s step: 40 reward: 0.625 queue: 118 hybrid: 0
+    Training ━━━━━━━━━━━━━━━━━━━━ 40/160 0:01:12 • 0:03:36 0.55it/s step: 40 reward: 0.625 samples/s: 21.3
+    queue: 118 hybrid: 0
 
 Example::
 
@@ -31,8 +32,12 @@ from lightning_hybrid_rollout import metrics as M
 REWARD_METRIC = "train/reward_mean"
 """What :class:`~lightning_hybrid_rollout.lightning.module.GRPOModule` logs as the batch's mean reward."""
 
+SAMPLES_PER_S_METRIC = "train/samples_per_s"
+"""What the callback logs: samples trained per second since the fit began."""
+
 SHORT_NAMES: dict[str, str] = {
     REWARD_METRIC: "reward",
+    SAMPLES_PER_S_METRIC: "samples/s",
     M.MQ_SIZE: "queue",
     M.HYBRID_ACTIVE: "hybrid",
 }
@@ -59,6 +64,16 @@ class HybridRolloutProgressBar(RichProgressBar):
     def __init__(self, short_names: Mapping[str, str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.short_names = dict(SHORT_NAMES if short_names is None else short_names)
+
+    @override
+    def _get_train_description(self, current_epoch: int) -> str:
+        """``Training`` (a step-bounded run: ``max_steps`` ends it, so ``Epoch 0/-2`` would say nothing), or
+        Lightning's ``Epoch i/n`` when the run is bounded by epochs."""
+        trainer = getattr(self, "_trainer", None)
+        max_epochs = getattr(trainer, "max_epochs", None) if trainer is not None else None
+        if max_epochs is None or max_epochs < 0:
+            return "Training"
+        return super()._get_train_description(current_epoch)
 
     @override
     def get_metrics(

@@ -153,19 +153,23 @@ class RolloutRuntime(RuntimeQueries):
     # ----------------------------------------------------------------------------------------------- lifecycle
 
     def _engine_config(self) -> Any:
-        from lightning_hybrid_rollout.rollout.vllm.config import VLLMEngineConfig
+        from lightning_hybrid_rollout.rollout.vllm.config import engine_config_from_rollout
 
+        return engine_config_from_rollout(self.rollout, self.run_dir / "vllm")
+
+    def check_engine_args(self) -> None:
+        """vLLM's own check of the engines' arguments, before any replica starts, when the run sets any beyond
+        the defaults (``engine_kwargs``, ``max_model_len``, ``enable_prefix_caching``, ``tensor_parallel_size``):
+        importing vLLM in the trainer process costs seconds, and the typed fields are checked by the config."""
         r = self.rollout
-        return VLLMEngineConfig(
-            model=str(r.model_path),
-            dtype=r.dtype,
-            max_model_len=r.prompt_length + r.response_length + 8,
-            kv_cache_memory_bytes=r.kv_cache_memory_bytes,
-            enforce_eager=r.enforce_eager,
-            seed=r.seed,
-            max_num_seqs=max(r.concurrent_samples_per_replica, 1),
-            run_dir=str(self.run_dir / "vllm"),
-        )
+        if not (r.engine_kwargs or r.max_model_len is not None or r.enable_prefix_caching is not None) and (
+            r.tensor_parallel_size == 1
+        ):
+            return
+        from lightning_hybrid_rollout.rollout.vllm.config import engine_kwargs_for
+        from lightning_hybrid_rollout.rollout.vllm.engine_args import check_engine_args
+
+        check_engine_args(engine_kwargs_for(self._engine_config(), on_cuda=r.gpus_per_replica > 0))
 
     def start(self) -> RolloutRuntime:
         """Start Ray and the replicas (hybrid ones parked), build the rollouter (not yet generating)."""
@@ -174,6 +178,7 @@ class RolloutRuntime(RuntimeQueries):
         from lightning_hybrid_rollout.rollout.rollouter import Rollouter
 
         r = self.rollout
+        self.check_engine_args()
         t0 = time.monotonic()
         self.ray = RayRuntime(address=r.ray_address).start()
         engine = self._engine_config()

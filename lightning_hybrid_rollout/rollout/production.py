@@ -411,7 +411,7 @@ class ProductionLoop:
         finally:
             if gate is not None and was_open and not self._paused:
                 gate.set()
-        log.info("%s: rebalanced %d in-flight requests over %s", self.name, n, lb.routable_replica_ids())
+        log.debug("%s: rebalanced %d in-flight requests over %s", self.name, n, lb.routable_replica_ids())
         return n
 
     async def _shutdown(self, abort_in_flight: bool, timeout: float) -> None:

@@ -1,7 +1,10 @@
-"""Settings of one vLLM engine (:class:`VLLMEngineConfig`) and where its process's files go.
+"""Settings of one vLLM engine (:class:`VLLMEngineConfig`), the engine arguments they make, and where files go.
 
 Read by the replica actor (which sets :meth:`VLLMEngineConfig.process_env` before the engine starts, so the engine
-core process inherits it) and by the engine driver, :mod:`.driver`.
+core process inherits it) and by the engine driver, :mod:`.driver`. :func:`engine_kwargs_for` is the ONE place that
+turns a :class:`VLLMEngineConfig` into vLLM's ``AsyncEngineArgs(**kwargs)``: the driver builds its engine from it, and
+:func:`~.engine_args.check_engine_args` validates the same dict in the trainer process before any replica starts.
+:func:`engine_config_from_rollout` makes the :class:`VLLMEngineConfig` of a run from its ``rollout`` section.
 """
 
 from __future__ import annotations
@@ -11,9 +14,15 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+
+if TYPE_CHECKING:
+    from lightning_hybrid_rollout.config import RolloutConfig
+
+WORKER_EXTENSION_CLS = "lightning_hybrid_rollout.rollout.vllm.worker_extension.LHRWorkerExtension"
+"""What vLLM mixes into its worker (``worker_extension_cls``, a dotted class path it imports in the worker)."""
 
 EngineState = Literal["starting", "active", "parked", "syncing", "stopped", "dead"]
 """An engine's state, as ``health()["state"]`` reports it."""
@@ -36,7 +45,8 @@ class VLLMEngineConfig:
         return_logprobs: Return the sampled token's log-probability for every generated token.
         enable_sleep_mode: vLLM sleep mode (``None``: on when CUDA is available; it is CUDA-only).
         gpu_memory_utilization: GPU memory fraction for vLLM (GPU only).
-        tensor_parallel_size: Tensor parallel degree (GPU only).
+        tensor_parallel_size: Tensor parallel degree (GPU only; on CPU it is passed only when not 1).
+        enable_prefix_caching: vLLM prefix caching (``None``: vLLM's default for the model).
         single_process: CPU: run engine core and worker in one process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
         disable_torch_compile: CPU: set ``TORCH_COMPILE_DISABLE=1`` so vLLM's few ``torch.compile``'d helpers (e.g.
             the logprob rank count) run eagerly instead of costing a 3-25 s C++ compile on the first request.
@@ -59,7 +69,8 @@ class VLLMEngineConfig:
             traffic, about 2x faster (``benchmarks/weight_sync.py``). Used only where it is exact: unquantized
             models on the oneDNN path whose checkpoint names map onto the vLLM modules; otherwise the layer-wise
             reload runs. ``health()["last_update"]["mode"]`` says which one ran.
-        extra_engine_args: More ``AsyncEngineArgs`` fields.
+        extra_engine_args: More ``AsyncEngineArgs`` fields (``rollout.engine_kwargs``); they override the ones
+            above (:func:`engine_kwargs_for`).
     """
 
     model: str
@@ -74,6 +85,7 @@ class VLLMEngineConfig:
     enable_sleep_mode: bool | None = None
     gpu_memory_utilization: float = 0.4
     tensor_parallel_size: int = 1
+    enable_prefix_caching: bool | None = None
     single_process: bool = True
     disable_torch_compile: bool = True
     run_dir: str | None = None
@@ -114,6 +126,77 @@ class VLLMEngineConfig:
             if self.disable_torch_compile:
                 env["TORCH_COMPILE_DISABLE"] = "1"
         return env
+
+
+def engine_kwargs_for(cfg: VLLMEngineConfig, on_cuda: bool | None = None) -> dict[str, Any]:
+    """The keyword arguments of vLLM's ``AsyncEngineArgs`` for an engine with settings ``cfg``.
+
+    The driver starts its engine with exactly this dict, and :func:`~.engine_args.check_engine_args` validates it
+    before any replica starts. GPU: ``gpu_memory_utilization``, ``tensor_parallel_size`` and sleep mode; CPU:
+    ``kv_cache_memory_bytes`` (and ``tensor_parallel_size`` only when not 1). ``enable_prefix_caching`` only when
+    set; ``cfg.extra_engine_args`` last (they override).
+
+    Args:
+        cfg: The engine's settings.
+        on_cuda: Whether the engine will run on a GPU (default: whether this process sees one).
+
+    Example::
+
+        >>> kw = engine_kwargs_for(VLLMEngineConfig(model="m", enable_prefix_caching=True), on_cuda=False)
+        >>> kw["enable_prefix_caching"], kw["kv_cache_memory_bytes"], "gpu_memory_utilization" in kw
+        (True, 268435456, False)
+    """
+    cuda = cfg.on_cuda if on_cuda is None else bool(on_cuda)
+    kwargs: dict[str, Any] = {
+        "model": cfg.model,
+        "dtype": cfg.dtype,
+        "max_model_len": cfg.max_model_len,
+        "enforce_eager": cfg.enforce_eager,
+        "seed": cfg.seed,
+        "max_num_seqs": cfg.max_num_seqs,
+        "logprobs_mode": cfg.logprobs_mode,
+        "worker_extension_cls": WORKER_EXTENSION_CLS,
+        "disable_log_stats": True,
+    }
+    if cuda:
+        kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        kwargs["tensor_parallel_size"] = cfg.tensor_parallel_size
+        kwargs["enable_sleep_mode"] = cuda if cfg.enable_sleep_mode is None else bool(cfg.enable_sleep_mode)
+    else:
+        kwargs["kv_cache_memory_bytes"] = cfg.kv_cache_memory_bytes
+        if cfg.tensor_parallel_size != 1:  # not silently dropped: vLLM says whether it can
+            kwargs["tensor_parallel_size"] = cfg.tensor_parallel_size
+    if cfg.enable_prefix_caching is not None:
+        kwargs["enable_prefix_caching"] = cfg.enable_prefix_caching
+    kwargs.update(cfg.extra_engine_args)
+    return kwargs
+
+
+def engine_config_from_rollout(rollout: RolloutConfig, run_dir: str | os.PathLike[str]) -> VLLMEngineConfig:
+    """The engine settings of a run's replicas, from its ``rollout`` section.
+
+    ``max_model_len`` is :meth:`RolloutConfig.engine_max_model_len` (``prompt_length + response_length + 8`` unless
+    set); ``max_num_seqs`` is ``concurrent_samples_per_replica``; ``engine_kwargs`` become ``extra_engine_args``.
+
+    Args:
+        rollout: The run's ``rollout`` section (already validated).
+        run_dir: Where the engines' temp files and vLLM cache go (the run's ``vllm`` directory).
+    """
+    r = rollout
+    return VLLMEngineConfig(
+        model=str(r.model_path),
+        dtype=r.dtype,
+        max_model_len=r.engine_max_model_len(),
+        kv_cache_memory_bytes=r.kv_cache_memory_bytes,
+        enforce_eager=r.enforce_eager,
+        seed=r.seed,
+        max_num_seqs=max(r.concurrent_samples_per_replica, 1),
+        gpu_memory_utilization=r.gpu_memory_utilization,
+        tensor_parallel_size=r.tensor_parallel_size,
+        enable_prefix_caching=r.enable_prefix_caching,
+        run_dir=str(run_dir),
+        extra_engine_args=dict(r.engine_kwargs),
+    )
 
 
 _MAX_TMPDIR_LEN = 60  # vLLM puts ZMQ sockets at $TMPDIR/<uuid4>; a Unix socket path must stay under 108 bytes

@@ -31,13 +31,18 @@ from pathlib import Path
 from typing import Any
 
 from lightning_hybrid_rollout.rollout.engine import GenerationResult, SamplingSpec
-from lightning_hybrid_rollout.rollout.vllm.config import EngineState, VLLMEngineConfig, short_tmp_dir
+from lightning_hybrid_rollout.rollout.vllm.config import (
+    WORKER_EXTENSION_CLS,
+    EngineState,
+    VLLMEngineConfig,
+    engine_kwargs_for,
+    short_tmp_dir,
+)
 from lightning_hybrid_rollout.rollout.vllm.weight_updates import WeightUpdates
 
-logger = logging.getLogger(__name__)
+__all__ = ["WORKER_EXTENSION_CLS", "VLLMEngine"]
 
-WORKER_EXTENSION_CLS = "lightning_hybrid_rollout.rollout.vllm.worker_extension.LHRWorkerExtension"
-"""What vLLM mixes into its worker (``worker_extension_cls``, a dotted class path it imports in the worker)."""
+logger = logging.getLogger(__name__)
 
 
 class VLLMEngine(WeightUpdates):
@@ -102,24 +107,7 @@ class VLLMEngine(WeightUpdates):
         self._tmp_dir = short_tmp_dir(run_dir / "tmp" / uuid.uuid4().hex[:8])  # this engine's; removed at shutdown
         os.environ["TMPDIR"] = str(self._tmp_dir)
         tempfile.tempdir = None  # re-read TMPDIR
-        kwargs: dict[str, Any] = {
-            "model": cfg.model,
-            "dtype": cfg.dtype,
-            "max_model_len": cfg.max_model_len,
-            "enforce_eager": cfg.enforce_eager,
-            "seed": cfg.seed,
-            "max_num_seqs": cfg.max_num_seqs,
-            "logprobs_mode": cfg.logprobs_mode,
-            "worker_extension_cls": WORKER_EXTENSION_CLS,
-            "disable_log_stats": True,
-        }
-        if cfg.on_cuda:
-            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
-            kwargs["tensor_parallel_size"] = cfg.tensor_parallel_size
-            kwargs["enable_sleep_mode"] = cfg.sleep_mode()
-        else:
-            kwargs["kv_cache_memory_bytes"] = cfg.kv_cache_memory_bytes
-        kwargs.update(cfg.extra_engine_args)
+        kwargs = engine_kwargs_for(cfg)
         t = time.perf_counter()
         try:
             self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))

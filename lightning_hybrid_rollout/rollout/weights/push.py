@@ -419,7 +419,7 @@ async def push_weights_async(
             "node_shm" if r.replica_id in push.node_local else "ray_object_store"
         )
     check_replies(report, targets, replies, push.failures)
-    logger.info(
+    logger.debug(
         "weight sync v%d: %.1f MB x %d replicas in %.3f s (%.2f GB/s; %s; trainer-side write %.3f s)",
         version,
         plan.total / 1e6,
