@@ -143,6 +143,7 @@ class HybridRolloutCallback(Callback):
             reward_error=reward_error,
         )
         self._workload: Workload | None = None
+        self._validation: Any = None
         #: The tiny model to build at ``rollout.model_path`` if it holds none (None: never build).
         self.build_model = TinyModelConfig.resolve(build_model)
         self.trace = trace
@@ -239,29 +240,36 @@ class HybridRolloutCallback(Callback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._take_model_path(trainer, pl_module, check_disk=stage == "fit")
         redact_logger_hyperparams(trainer.loggers)
-        if stage != "fit":
+        if stage not in ("fit", "validate"):
             return
-        run_dir = Path(self.run_dir or trainer.default_root_dir)
-        self._run_dir = run_dir
-        if trainer.is_global_zero:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            from lightning_hybrid_rollout.tasks import get_task
+        if stage == "fit":
+            run_dir = Path(self.run_dir or trainer.default_root_dir)
+            self._run_dir = run_dir
+            if trainer.is_global_zero:
+                run_dir.mkdir(parents=True, exist_ok=True)
+                from lightning_hybrid_rollout.tasks import get_task
 
-            prepare_model(self.rollout, self.build_model, lambda: get_task(self.task_name, **self.task_kwargs))
-        trainer.strategy.barrier("lhr_model_ready")
+                prepare_model(self.rollout, self.build_model, lambda: get_task(self.task_name, **self.task_kwargs))
+            trainer.strategy.barrier("lhr_model_ready")
         from transformers import AutoTokenizer
 
         self._tokenizer = AutoTokenizer.from_pretrained(self.rollout.model_path)
-        if trainer.is_global_zero:
-            # the data set, the prompts' lengths and the reward functions are checked before Ray starts
-            self._workload = build_workload(
-                dataset=self.dataset,
-                task=self.task_name,
-                task_kwargs=self.task_kwargs,
-                rewards=self.rewards,
-                rollout=self.rollout,
-                tokenizer=self._tokenizer,
-            )
+        # the data set, the prompts' lengths and the reward functions are checked before Ray starts (every rank:
+        # each one answers its share of the held-out prompts)
+        self._workload = build_workload(
+            dataset=self.dataset,
+            task=self.task_name,
+            task_kwargs=self.task_kwargs,
+            rewards=self.rewards,
+            rollout=self.rollout,
+            tokenizer=self._tokenizer,
+        )
+        # validation during a fit only for held-out prompts the user gave (dataset.val_path / val_split)
+        cfg = getattr(self._workload.source, "config", None)
+        if stage == "validate" or getattr(cfg, "val_path", None) or getattr(cfg, "val_split", None):
+            self._attach_validation(getattr(trainer, "datamodule", None))
+        if stage != "fit":
+            return
         datamodule = getattr(trainer, "datamodule", None)
         if datamodule is None or not hasattr(datamodule, "attach_source"):
             raise ConfigError(
@@ -277,6 +285,29 @@ class HybridRolloutCallback(Callback):
         if trainer.is_global_zero:
             rank_zero_info(f"[lhr] policy {self.async_training.dynamic_schedule_policy}: {self._describe_policy()}")
             self._start_runtime(trainer)
+
+    def _attach_validation(self, datamodule: Any) -> None:
+        """The workload's held-out prompts, answered and scored as the datamodule's ``val_*`` settings say."""
+        if self._workload is None or not hasattr(datamodule, "attach_validation"):
+            return
+        if getattr(datamodule, "hparams", {}).get("val_task") is not None:
+            return  # the data module's own toy validation
+        from lightning_hybrid_rollout.lightning.validation import ValidationSet
+
+        hp = datamodule.hparams
+        records = self._workload.validation_records()
+        if not records:
+            return
+        self._validation = ValidationSet.from_workload(
+            self._workload,
+            max_new_tokens=self.rollout.response_length,
+            n=int(hp.get("val_n", 1)),
+            temperature=hp.get("val_temperature"),
+            pass_threshold=float(hp.get("val_pass_threshold", 1.0)),
+            batch_size=int(hp.get("val_batch_size", 64)),
+            limit=int(hp.get("val_prompts", 64)),
+        )
+        datamodule.attach_validation(self._validation)
 
     def _describe_policy(self) -> str:
         """``Name(deactivate_ratio=..., only_hybrid=..., <each configured knob>=<the policy's value>)``."""
@@ -379,6 +410,9 @@ class HybridRolloutCallback(Callback):
                 runtime, self._runtime = self._runtime, None
                 runtime.stop()
         finally:
+            if self._validation is not None:
+                validation, self._validation = self._validation, None
+                validation.close()
             if self._workload is not None:
                 workload, self._workload = self._workload, None
                 workload.close()

@@ -508,11 +508,17 @@ class RolloutDataModule(LightningDataModule):
         adv_eps: ``eps`` of :func:`group_advantages`.
         normalize_std: ``normalize_std`` of :func:`group_advantages`.
         source: Optional batch source to start with (tests, custom loops).
-        val_task: Task whose held-out prompts ``lhr validate`` / ``trainer.validate`` scores (greedy answers,
-            the task's reward); ``None`` disables validation.
-        val_prompts: Number of held-out prompts.
+        val_task: A toy task whose held-out prompts ``lhr validate`` / ``trainer.validate`` scores (greedy answers,
+            the task's reward). ``None`` (default): the ``HybridRolloutCallback``'s own held-out prompts
+            (``dataset.val_path`` / ``val_split``, or a toy task's), answered with the run's stop tokens and up to
+            ``rollout.response_length`` tokens and scored by its reward functions (``val/reward``, ``val/pass@1``,
+            ``val/pass@<val_n>``).
+        val_prompts: The most held-out prompts.
         val_batch_size: Prompts per validation batch.
-        val_seed: Seed of the held-out prompt stream (different from the rollout's default seed 0).
+        val_seed: Seed of ``val_task``'s held-out prompt stream (different from the rollout's default seed 0).
+        val_n: Samples per held-out prompt (pass@k for k = 1 and ``val_n``).
+        val_temperature: Sampling temperature of validation (``None``: greedy when ``val_n == 1``, else 1.0).
+        val_pass_threshold: A sample passes (for pass@k) when its reward is at least this.
 
     Example::
 
@@ -532,10 +538,17 @@ class RolloutDataModule(LightningDataModule):
         val_prompts: int = 64,
         val_batch_size: int = 64,
         val_seed: int = 10_000,
+        val_n: int = 1,
+        val_temperature: float | None = None,
+        val_pass_threshold: float = 1.0,
     ) -> None:
         super().__init__()
-        if val_prompts < 1 or val_batch_size < 1:
-            raise ValueError(f"val_prompts and val_batch_size must be >= 1, got {val_prompts}, {val_batch_size}")
+        if val_prompts < 1 or val_batch_size < 1 or val_n < 1:
+            raise ValueError(
+                f"val_prompts, val_batch_size and val_n must be >= 1, got {val_prompts}, {val_batch_size}, {val_n}"
+            )
+        #: The held-out prompts and how they are answered and scored (attached by the callback at setup).
+        self.validation_set: Any = None
         self.save_hyperparameters(ignore=["source"])
         self.iterable = QueueBatchIterable(
             source=source,
@@ -562,15 +575,24 @@ class RolloutDataModule(LightningDataModule):
         """The attached batch source, or ``None``."""
         return self.iterable.source
 
+    def attach_validation(self, validation_set: Any) -> None:
+        """Attach the held-out prompts (a :class:`~lightning_hybrid_rollout.lightning.validation.ValidationSet`);
+        ignored when ``val_task`` is set."""
+        if self.hparams.val_task is None:
+            self.validation_set = validation_set
+
     @override
     def train_dataloader(self) -> DataLoader:
         return DataLoader(self.iterable, batch_size=None, num_workers=0, collate_fn=_identity)
 
     @override
     def val_dataloader(self) -> DataLoader | list:
-        """Held-out task prompts (lists of ``{"prompt", "metadata"}``) for a greedy-accuracy validation."""
+        """The attached validation set's batches, or ``val_task``'s prompts (lists of ``{"prompt", "metadata"}``)."""
         if self.hparams.val_task is None:
-            return []
+            if self.validation_set is None:
+                return []
+            batches = self.validation_set.batches()
+            return DataLoader(batches, batch_size=None, num_workers=0, collate_fn=_identity) if batches else []
         from lightning_hybrid_rollout.tasks import get_task
 
         task = get_task(self.hparams.val_task)

@@ -147,6 +147,7 @@ class HybridReplicaPool:
         self._rt.set_state(self.ids, "syncing")
         t0 = time.monotonic()
         self._rt.push(self._rt.trainer.cycle_weights(), self.replicas, version)
+        self._rt.last_hybrid_sync_report = self._rt.last_sync_report
         self.cycle_sync_s += time.monotonic() - t0
         self.weights_version = version
         self._rt.set_state(self.ids, "switching")

