@@ -75,6 +75,11 @@ class RuntimeQueries:
         """Put a checkpoint's buffered samples back."""
         self.queue.load_state_dict(state)
 
+    def prompts_skipped_too_long(self) -> int:
+        """Prompts skipped because they are longer than ``rollout.prompt_length`` tokens (since the run began)."""
+        feed = getattr(self, "prompt_feed", None)
+        return int(feed.skipped_too_long) if feed is not None else 0
+
     def generated_samples(self) -> int:
         """Samples the rollouter completed since it started."""
         return int(self.rollouter.counters().get("total_generated_samples", 0))
@@ -283,10 +288,6 @@ class RolloutRuntime(RuntimeQueries):
         """Load :meth:`rollouter_state` (before generation starts): unfinished groups continue first, the prompt
         stream continues where it stopped."""
         self.rollouter.load_state_dict(state)
-
-    def prompts_skipped_too_long(self) -> int:
-        """Prompts skipped because they are longer than ``rollout.prompt_length`` tokens (since the run began)."""
-        return self.prompt_feed.skipped_too_long if self.prompt_feed is not None else 0
 
     # --------------------------------------------------------------------------------------------- weights
 
