@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -60,6 +61,18 @@ from lightning_hybrid_rollout.schedule.cycle import CycleEnd, CycleLedger, Produ
 from lightning_hybrid_rollout.sources import DatasetConfig
 
 log = logging.getLogger(__name__)
+
+#: Lightning's warnings about what this design does on purpose (the ``dataloader_iter`` step that takes its batch
+#: after ``on_train_batch_start``, an empty list of validation batches when none is configured) and a deprecation
+#: inside Lightning itself: nothing a user can act on, so they are not shown.
+_EXPECTED_WARNINGS = (
+    r"You are using the `dataloader_iter` step flavor",
+    r"Found `dataloader_iter` argument in the `training_step`",
+    r"Total length of `list` across ranks is zero",
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+)
+for _message in _EXPECTED_WARNINGS:
+    warnings.filterwarnings("ignore", message=_message)
 
 _STATE_VERSION = 1
 

@@ -260,6 +260,7 @@ class GRPOModule(LightningModule):
             )
         key = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
         self.model = AutoModelForCausalLM.from_pretrained(self.hparams.model_path, **{key: torch.float32})
+        self.model.train()  # from_pretrained returns it in eval mode (Lightning would warn at the fit's start)
         rank_zero_info(f"GRPOModule: loaded {type(self.model).__name__} from {self.hparams.model_path}")
 
     @override
