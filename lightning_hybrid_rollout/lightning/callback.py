@@ -277,10 +277,14 @@ class HybridRolloutCallback(Callback):
             rollout=self.rollout,
             tokenizer=self._tokenizer,
         )
-        # validation during a fit only for held-out prompts the user gave (dataset.val_path / val_split)
-        cfg = getattr(self._workload.source, "config", None)
-        if stage == "validate" or getattr(cfg, "val_path", None) or getattr(cfg, "val_split", None):
-            self._attach_validation(getattr(trainer, "datamodule", None))
+        from lightning_hybrid_rollout.lightning.validation import attach_validation
+
+        self._validation = attach_validation(
+            self._workload,
+            getattr(trainer, "datamodule", None),
+            max_new_tokens=self.rollout.response_length,
+            during_fit=stage == "fit",
+        )
         if stage != "fit":
             return
         datamodule = getattr(trainer, "datamodule", None)
@@ -298,29 +302,6 @@ class HybridRolloutCallback(Callback):
         if trainer.is_global_zero:
             rank_zero_info(f"[lhr] policy {self.async_training.dynamic_schedule_policy}: {self._describe_policy()}")
             self._start_runtime(trainer)
-
-    def _attach_validation(self, datamodule: Any) -> None:
-        """The workload's held-out prompts, answered and scored as the datamodule's ``val_*`` settings say."""
-        if self._workload is None or not hasattr(datamodule, "attach_validation"):
-            return
-        if getattr(datamodule, "hparams", {}).get("val_task") is not None:
-            return  # the data module's own toy validation
-        from lightning_hybrid_rollout.lightning.validation import ValidationSet
-
-        hp = datamodule.hparams
-        records = self._workload.validation_records()
-        if not records:
-            return
-        self._validation = ValidationSet.from_workload(
-            self._workload,
-            max_new_tokens=self.rollout.response_length,
-            n=int(hp.get("val_n", 1)),
-            temperature=hp.get("val_temperature"),
-            pass_threshold=float(hp.get("val_pass_threshold", 1.0)),
-            batch_size=int(hp.get("val_batch_size", 64)),
-            limit=int(hp.get("val_prompts", 64)),
-        )
-        datamodule.attach_validation(self._validation)
 
     def _describe_policy(self) -> str:
         """``Name(deactivate_ratio=..., only_hybrid=..., <each configured knob>=<the policy's value>)``."""

@@ -52,6 +52,7 @@ __all__ = [
     "ValidationItem",
     "ValidationResult",
     "ValidationSet",
+    "attach_validation",
     "item_reward_input",
     "pass_at_k",
     "pass_at_key",
@@ -142,17 +143,10 @@ def item_reward_input(
         completion_ids: Its completions' token ids, already cut at their first stop token.
         tokenizer: The model's tokenizer.
     """
-    is_chat = item.messages is not None
     ids = [list(c) for c in completion_ids]
     texts = [tokenizer.decode(c, skip_special_tokens=True) for c in ids]
-    return GroupRewardInput(
-        prompt_index=item.index,
-        prompts=[list(item.messages) if item.messages is not None else item.text for _ in ids],
-        completions=[[{"role": "assistant", "content": t}] for t in texts] if is_chat else texts,
-        completion_ids=ids,
-        columns={name: [value] * len(ids) for name, value in item.columns.items()},
-        is_chat=is_chat,
-    )
+    prompt = list(item.messages) if item.messages is not None else item.text
+    return GroupRewardInput.from_prompt(item.index, prompt, texts, ids, item.columns)
 
 
 @dataclass
@@ -534,3 +528,45 @@ class ValidationSet:
             f"ValidationSet(records={len(self.records)}, n={self.n}, temperature={self.temperature}, "
             f"max_new_tokens={self.max_new_tokens}, batch_size={self.batch_size}, limit={self.limit})"
         )
+
+
+def attach_validation(
+    workload: Workload, datamodule: Any, *, max_new_tokens: int, during_fit: bool
+) -> ValidationSet | None:
+    """Attach the run's held-out prompts to ``datamodule``, answered and scored as its ``val_*`` settings say.
+
+    Nothing is attached to a data module without ``attach_validation``, one with its own ``val_task``, a source
+    without held-out prompts, or, during a fit, a source whose held-out prompts the user did not ask for (only
+    ``dataset.val_path`` / ``val_split`` validate during a fit; ``lhr validate`` always does).
+
+    Args:
+        workload: The run's workload.
+        datamodule: The trainer's data module (a :class:`~lightning_hybrid_rollout.lightning.data.RolloutDataModule`).
+        max_new_tokens: The run's ``rollout.response_length``.
+        during_fit: Whether the stage is ``fit`` (else ``validate``).
+
+    Returns:
+        The attached set (the caller closes it), or ``None``.
+    """
+    if not hasattr(datamodule, "attach_validation"):
+        return None
+    hp = getattr(datamodule, "hparams", {})
+    if hp.get("val_task") is not None:
+        return None  # the data module's own toy validation
+    cfg = getattr(workload.source, "config", None)
+    if during_fit and not (getattr(cfg, "val_path", None) or getattr(cfg, "val_split", None)):
+        return None
+    validation = ValidationSet.from_workload(
+        workload,
+        max_new_tokens=max_new_tokens,
+        n=int(hp.get("val_n", 1)),
+        temperature=hp.get("val_temperature"),
+        pass_threshold=float(hp.get("val_pass_threshold", 1.0)),
+        batch_size=int(hp.get("val_batch_size", 64)),
+        limit=int(hp.get("val_prompts", 64)),
+    )
+    if not validation.records:
+        validation.close()
+        return None
+    datamodule.attach_validation(validation)
+    return validation

@@ -100,34 +100,36 @@ def columns_of(metadata: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in metadata.items() if k not in RESERVED_KEYS}
 
 
+def decode_completions(
+    token_ids: Sequence[Sequence[int]], tokenizer: Any, stop_token_ids: Sequence[int]
+) -> tuple[list[list[int]], list[str]]:
+    """Each completion cut at its first stop token, and its text decoded without special tokens."""
+    cut = [cut_at_stop(ids, stop_token_ids) for ids in token_ids]
+    return cut, [tokenizer.decode(ids, skip_special_tokens=True) for ids in cut]
+
+
 def group_reward_input(samples: Sequence[Sample], tokenizer: Any, stop_token_ids: Sequence[int]) -> GroupRewardInput:
     """One group's reward-function input, in TRL's convention.
 
     Each completion is decoded without special tokens, cut at its first stop token; for a chat prompt ``prompts``
     holds its message list and each completion is ``[{"role": "assistant", "content": text}]``, for a plain prompt
-    both are strings. Every column is a list with one value per completion.
+    both are strings. Every column is a list with one value per completion (the group shares its prompt's row).
 
     Args:
         samples: The finished samples of one prompt group.
         tokenizer: The model's tokenizer.
         stop_token_ids: The run's stop tokens.
     """
-    first = samples[0].metadata.get(PROMPT_KEY) or {}
-    messages = first.get("messages")
-    is_chat = messages is not None
-    completion_ids = [cut_at_stop(s.response_token_ids, stop_token_ids) for s in samples]
-    texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in completion_ids]
-    prompts = [list(messages) if is_chat else s.prompt for s in samples]
-    completions: list[Any] = [[{"role": "assistant", "content": t}] for t in texts] if is_chat else texts
-    names = list(columns_of(samples[0].metadata))
-    columns = {name: [s.metadata.get(name) for s in samples] for name in names}
-    return GroupRewardInput(
-        prompt_index=int(first.get("index", -1)),
-        prompts=prompts,
-        completions=completions,
-        completion_ids=completion_ids,
-        columns=columns,
-        is_chat=is_chat,
+    first = samples[0]
+    record = first.metadata.get(PROMPT_KEY) or {}
+    messages = record.get("messages")
+    ids, texts = decode_completions([s.response_token_ids for s in samples], tokenizer, stop_token_ids)
+    return GroupRewardInput.from_prompt(
+        int(record.get("index", -1)),
+        list(messages) if messages is not None else first.prompt,
+        texts,
+        ids,
+        columns_of(first.metadata),
     )
 
 

@@ -14,24 +14,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from lightning_hybrid_rollout.errors import ConfigError, DatasetError
+from lightning_hybrid_rollout.rewards.builtin import completion_text
 from lightning_hybrid_rollout.sources.base import PromptRecord, PromptSource, RewardFunc
 from lightning_hybrid_rollout.sources.config import suggest
 from lightning_hybrid_rollout.tasks import TASKS, Task, get_task
 
-__all__ = ["TaskReward", "TaskSource", "completion_text"]
-
-
-def completion_text(completion: Any) -> str:
-    """The text of one TRL completion: a string, or (conversational) a list of messages, of which the last one's.
-
-    Args:
-        completion: ``"..."`` or ``[{"role": "assistant", "content": "..."}]``.
-    """
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, Sequence) and completion and isinstance(completion[-1], Mapping):
-        return str(completion[-1].get("content", ""))
-    raise TypeError(f"a completion must be a string or a list of messages, got {type(completion).__name__}")
+__all__ = ["TaskReward", "TaskSource"]
 
 
 class TaskReward:

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import copy
 import time
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-import torch
 
 from lightning_hybrid_rollout.config import AsyncTrainingConfig, RolloutConfig
 from lightning_hybrid_rollout.lightning.callback import HybridRolloutCallback
@@ -27,6 +25,7 @@ from lightning_hybrid_rollout.schedule import (
     RateScheduleContext,
     create_policy,
 )
+from tests.lightning.fakes import fake_trainer
 from tests.rollout.fakes import FakeReplica, char_tokenize
 
 TRAIN_S = 0.02  # "compute" per training step
@@ -114,19 +113,6 @@ class _FakeRuntime(RuntimeQueries):
         pass
 
 
-def _trainer() -> Any:
-    return SimpleNamespace(
-        global_step=0,
-        is_global_zero=True,
-        world_size=1,
-        strategy=SimpleNamespace(root_device=torch.device("cpu"), barrier=lambda *a: None),
-        lightning_module=torch.nn.Linear(2, 2),
-        loggers=[],
-        callback_metrics={},
-        fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(_batches_that_stepped=0)),
-    )
-
-
 class _Module:
     param_version = 0
 
@@ -166,7 +152,7 @@ def run_cycles(policy: str, cycles: int = 3, ratio: float = 0.3, **runtime: Any)
         return windows[-1]
 
     rt.rollouter.take_role_window = recording_take  # type: ignore[method-assign]
-    trainer, module = _trainer(), _Module()
+    trainer, module = fake_trainer(), _Module()
     batches: list[list[Any]] = []
     states: list[dict[str, Any]] = []
     try:

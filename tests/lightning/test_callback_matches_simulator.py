@@ -29,6 +29,7 @@ from lightning_hybrid_rollout.schedule.cycle import CycleEnd, CycleLedger, Produ
 from lightning_hybrid_rollout.schedule.rate_matched_policy import RateScheduleContext
 from lightning_hybrid_rollout.sim import runner
 from lightning_hybrid_rollout.sim.presets import get_preset
+from tests.lightning.fakes import fake_trainer
 
 
 class _SpyLedger(CycleLedger):
@@ -363,16 +364,7 @@ def test_time_between_two_steps_of_a_cycle_is_the_trainers_turn_too() -> None:
     rt = _ReplayRuntime(clock, SwitchCosts())
     cb._clock, cb._runtime = clock, rt
     cb._controller = DynamicResourceController(rt.pool, cb.policy, clock=clock, enable_rebalance=False, has_hybrid=True)
-    trainer = SimpleNamespace(
-        global_step=0,
-        is_global_zero=True,
-        world_size=1,
-        strategy=SimpleNamespace(root_device=torch.device("cpu"), barrier=lambda *a: None),
-        lightning_module=torch.nn.Linear(2, 2),
-        loggers=[],
-        callback_metrics={},
-        fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(_batches_that_stepped=0)),
-    )
+    trainer = fake_trainer()
     module = SimpleNamespace(param_version=0, log=lambda *args, **kwargs: None)
     rt.q, rt.batch_tokens, rt.sync_s = 100, 40, 2.0
     cb.on_train_start(trainer, module)  # type: ignore[arg-type]
