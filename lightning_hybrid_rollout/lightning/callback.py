@@ -37,7 +37,6 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from lightning_hybrid_rollout import metrics as M
 from lightning_hybrid_rollout.config import (
     AsyncTrainingConfig,
     ConfigError,
@@ -45,19 +44,21 @@ from lightning_hybrid_rollout.config import (
     TinyModelConfig,
     validate_run_config,
 )
+from lightning_hybrid_rollout.lightning.cycle_report import CycleReport
 from lightning_hybrid_rollout.lightning.model_prep import prepare_model
 from lightning_hybrid_rollout.lightning.overlap import OverlapSync
 from lightning_hybrid_rollout.lightning.rank_protocol import BoundaryProtocol
-from lightning_hybrid_rollout.lightning.workload import Workload, build_workload
+from lightning_hybrid_rollout.lightning.workload import Workload, attach_batch_source, load_workload
 from lightning_hybrid_rollout.redaction import redact_logger_hyperparams
 from lightning_hybrid_rollout.rewards import RewardConfig
 from lightning_hybrid_rollout.rollout.sample import Sample
 from lightning_hybrid_rollout.schedule import (
     DynamicResourceController,
     RateScheduleContext,
+    ReplicaPool,
     create_policy,
 )
-from lightning_hybrid_rollout.schedule.cycle import CycleEnd, CycleLedger, ProductionByRole, RunShape, Totals
+from lightning_hybrid_rollout.schedule.cycle import CycleLedger, ProductionByRole, RunShape, Totals
 from lightning_hybrid_rollout.sources import DatasetConfig
 
 log = logging.getLogger(__name__)
@@ -164,7 +165,8 @@ class HybridRolloutCallback(Callback):
         if summary_every_n_cycles < 0:
             raise ConfigError([f"summary_every_n_cycles must be >= 0 (0: never), got {summary_every_n_cycles}"])
         self.summary_every_n_cycles = summary_every_n_cycles
-        self._fit_start = 0.0
+        #: The fit's per-step and per-cycle reporting (built at ``on_train_start``, with the fit's clock).
+        self._report: CycleReport | None = None
 
         a = self.async_training
         self.policy = create_policy(
@@ -209,6 +211,7 @@ class HybridRolloutCallback(Callback):
         self._clock: Callable[[], float] = time.monotonic
         self._step_begin = self._step_start = self._step_fetch_s = 0.0
         self._alloc_start = self._last_step_end = 0.0
+        self._last_offload_s = self._last_onload_s = 0.0
 
     # --------------------------------------------------------------------------------------------- properties
 
@@ -264,41 +267,25 @@ class HybridRolloutCallback(Callback):
 
                 prepare_model(self.rollout, self.build_model, lambda: get_task(self.task_name, **self.task_kwargs))
             trainer.strategy.barrier("lhr_model_ready")
-        from transformers import AutoTokenizer
-
-        self._tokenizer = AutoTokenizer.from_pretrained(self.rollout.model_path)
         # the data set, the prompts' lengths and the reward functions are checked before Ray starts (every rank:
         # each one answers its share of the held-out prompts)
-        self._workload = build_workload(
+        self._workload = load_workload(
             dataset=self.dataset,
             task=self.task_name,
             task_kwargs=self.task_kwargs,
             rewards=self.rewards,
             rollout=self.rollout,
-            tokenizer=self._tokenizer,
         )
+        self._tokenizer = self._workload.tokenizer
         from lightning_hybrid_rollout.lightning.validation import attach_validation
 
+        datamodule = getattr(trainer, "datamodule", None)
         self._validation = attach_validation(
-            self._workload,
-            getattr(trainer, "datamodule", None),
-            max_new_tokens=self.rollout.response_length,
-            during_fit=stage == "fit",
+            self._workload, datamodule, max_new_tokens=self.rollout.response_length, during_fit=stage == "fit"
         )
         if stage != "fit":
             return
-        datamodule = getattr(trainer, "datamodule", None)
-        if datamodule is None or not hasattr(datamodule, "attach_source"):
-            raise ConfigError(
-                [
-                    "HybridRolloutCallback needs a data module with attach_source(fn), e.g. "
-                    "lightning_hybrid_rollout.lightning.data.RolloutDataModule: pass datamodule=RolloutDataModule() "
-                    "to trainer.fit"
-                ]
-            )
-        datamodule.attach_source(self._next_batch)
-        if hasattr(datamodule, "pad_token_id") and self._tokenizer.pad_token_id is not None:
-            datamodule.pad_token_id = self._tokenizer.pad_token_id
+        attach_batch_source(datamodule, self._next_batch, self._tokenizer.pad_token_id)
         if trainer.is_global_zero:
             rank_zero_info(f"[lhr] policy {self.async_training.dynamic_schedule_policy}: {self._describe_policy()}")
             self._start_runtime(trainer)
@@ -355,7 +342,17 @@ class HybridRolloutCallback(Callback):
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._fit_start = self._clock()
+        self._report = CycleReport(
+            ledger=self._ledger,
+            runtime=self._runtime,
+            controller=self._controller,
+            policy=self.policy,
+            workload=self._workload,
+            clock=self._clock,
+            summary_every_n_cycles=self.summary_every_n_cycles,
+            has_hybrid=self.rollout.hybrid_replicas > 0,
+            overlap=self._overlap if self.async_training.overlap_sync else None,
+        )
         self._ledger.shape = dataclasses.replace(self._ledger.shape, hybrid_devices=trainer.world_size)
         self._ranks = ranks = BoundaryProtocol(
             broadcast=lambda message: self._broadcast(trainer, message),
@@ -497,8 +494,8 @@ class HybridRolloutCallback(Callback):
         if trainer.is_global_zero:
             self._ledger.add_compute(max(0.0, step_s - self._step_fetch_s))
             self._runtime.trace_phase("training", self._step_start + self._step_fetch_s, self._clock())
-            self._log(pl_module, "rollout/mq_size_step", float(self._runtime.queue_size()), prog_bar=False)
-            self._log_workload(pl_module)
+            assert self._report is not None
+            self._report.log_step(pl_module, self.samples_consumed)
         if not self._is_cycle_end(trainer):
             self._end_step(trainer)
             return
@@ -529,7 +526,7 @@ class HybridRolloutCallback(Callback):
             end = self._after_sync(trainer, global_steps=self.cycles_done, prepared=prepared)
             self._protocol.close()
             self._end_step(trainer)
-            self._emit_cycle(trainer, self._cycle_end(stats, sync_s, end))
+            self._emit_cycle(trainer, stats, sync_s, end)
         else:
             self.cycles_done += 1
             self._protocol.follow()
@@ -641,76 +638,14 @@ class HybridRolloutCallback(Callback):
 
     # ------------------------------------------------------------------------------------------------- metrics
 
-    def _log(self, pl_module: LightningModule, name: str, value: float, prog_bar: bool = False) -> None:
-        pl_module.log(
-            name, float(value), on_step=True, on_epoch=False, rank_zero_only=True, prog_bar=prog_bar, batch_size=1
+    def _emit_cycle(self, trainer: Trainer, stats: Any, sync_s: float, end: Any) -> None:
+        """Measure the cycle's end, close the cycle and report it (rank 0; :class:`~.cycle_report.CycleReport`)."""
+        report = self._report
+        assert report is not None
+        measured = report.cycle_end(stats, sync_s, end, self.param_version, self._last_offload_s, self._last_onload_s)
+        self.last_cycle_metrics = report.emit(
+            trainer, measured, self.cycles_done, self.samples_consumed, self.switch_events
         )
-
-    def _log_workload(self, pl_module: LightningModule) -> None:
-        """``train/prompts_skipped_too_long`` (a running count), each reward function's mean over the samples
-        scored since the last step (``train/rewards/<name>_mean``) and ``train/reward_errors``."""
-        self._log(pl_module, "train/prompts_skipped_too_long", float(self._runtime.prompts_skipped_too_long()))
-        elapsed = self._clock() - self._fit_start
-        if elapsed > 0:
-            self._log(pl_module, "train/samples_per_s", self.samples_consumed / elapsed)
-        if self._workload is not None:
-            for name, value in self._workload.runner.take_stats().items():
-                self._log(pl_module, name, float(value))
-
-    def _cycle_end(self, stats: Any, sync_s: float, end: Any) -> CycleEnd:
-        """Rank 0's measurements at the end of the cycle (what the ledger did not accumulate itself)."""
-        saved_s: float | None = None
-        if self.async_training.overlap_sync:
-            saved_s = self._overlap.take_saved_s()
-        return CycleEnd(
-            rollout_history=list(getattr(stats, "history", []) or []),
-            step_generated_samples=int(getattr(stats, "step_generated_samples", 0)),
-            mq_size=float(self._runtime.queue_size()),
-            standalone_sync_s=sync_s,
-            hybrid_sync_s=self._runtime.pool.take_cycle_sync_s(),
-            activate_duration_s=end.cycle_activate_duration_s,
-            deactivate_duration_s=end.cycle_deactivate_duration_s,
-            deactivate_ratio=float(self.policy.deactivate_ratio) if self.rollout.hybrid_replicas > 0 else None,
-            param_version=self.param_version,
-            offload_s=float(getattr(self, "_last_offload_s", 0.0)),
-            onload_s=float(getattr(self, "_last_onload_s", 0.0)),
-            overlap_saved_s=saved_s,
-            hybrid_active=bool(self._controller is not None and self._controller.is_hybrid_active),
-        )
-
-    def _emit_cycle(self, trainer: Trainer, end: CycleEnd) -> None:
-        """Close the cycle in the per-cycle core and log its ``dynamic_resource/*`` values (rank 0).
-
-        Logged straight to ``trainer.loggers`` at this step (as Lightning's own ``LearningRateMonitor`` does), so a
-        per-cycle value is written once, not repeated on every later step. Only rank 0 measures, so no collective.
-        """
-        values = self._ledger.close(end)
-        for logger in trainer.loggers:
-            logger.log_metrics(values, step=trainer.fit_loop.epoch_loop._batches_that_stepped)
-        for name in (M.MQ_SIZE, M.HYBRID_ACTIVE, M.RESOURCE_UTILIZATION):
-            trainer.callback_metrics[name] = torch.tensor(values[name])
-        self.last_cycle_metrics = values
-        self._runtime.trace_cycle(self.cycles_done, self._clock(), values)
-        every = self.summary_every_n_cycles
-        if every and (self.cycles_done == 1 or self.cycles_done % every == 0):
-            rank_zero_info(self._summary_line(trainer))
-
-    def _summary_line(self, trainer: Trainer) -> str:
-        """One console line: where the run is and how the hybrid replicas were used since the last one."""
-        metrics = trainer.callback_metrics
-        reward = metrics.get("train/reward_mean")
-        kinds = [e["kind"] for e in self.switch_events]
-        elapsed = max(1e-9, self._clock() - self._fit_start)
-        text = f"[lhr] cycle {self.cycles_done} (step {trainer.global_step})"
-        if reward is not None:
-            text += f": reward {float(reward):.3f}"
-        text += (
-            f", {self.samples_consumed / elapsed:.1f} samples/s trained, queue {self._runtime.queue_size()}, "
-            f"hybrid {'on' if self._controller is not None and self._controller.is_hybrid_active else 'off'} "
-            f"({kinds.count('activate')} activations so far)"
-        )
-        skipped = self._runtime.prompts_skipped_too_long()
-        return text + (f", {skipped} prompts skipped (too long)" if skipped else "")
 
     # ---------------------------------------------------------------------------------------------- checkpoint
 
@@ -771,9 +706,11 @@ class HybridRolloutCallback(Callback):
         """
         assert self._controller is not None
         if self._controller.is_hybrid_active:
-            pool = self._runtime.pool
-            for method in ("wake_up_replicas", "sync_weights", "add_replicas", "resume_generation_replicas"):
-                getattr(pool, method)()
+            pool: ReplicaPool = self._runtime.pool
+            pool.wake_up_replicas()
+            pool.sync_weights()
+            pool.add_replicas()
+            pool.resume_generation_replicas()
 
 
 class _TrainerLink:

@@ -10,6 +10,9 @@ functions) to the rollouter's two seams:
   scores it with one awaited call to the :class:`~lightning_hybrid_rollout.rewards.RewardRunner` (TRL's calling
   convention, off the rollouter's loop).
 
+:func:`load_workload` builds the callback's workload with the model's tokenizer; :func:`attach_batch_source` hands
+the trainer's data module its batch source.
+
 A sample's ``metadata`` holds the row's other columns (the reward functions' keyword arguments) and, under
 :data:`PROMPT_KEY`, the row's index and epoch and, for a chat prompt, its messages.
 """
@@ -17,7 +20,7 @@ A sample's ``metadata`` holds the row's other columns (the reward functions' key
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -261,3 +264,39 @@ def build_workload(
     )
     log.debug("workload: source %r, rewards %s, stop tokens %s", source, [f.name for f in functions], stops)
     return Workload(source=source, renderer=renderer, runner=runner, tokenizer=tokenizer, stop_token_ids=stops)
+
+
+def load_workload(
+    *,
+    dataset: SourceSpec | None,
+    task: str,
+    task_kwargs: Mapping[str, Any] | None,
+    rewards: RewardConfig,
+    rollout: RolloutConfig,
+) -> Workload:
+    """:func:`build_workload` with the tokenizer of ``rollout.model_path`` (loaded here, before anything starts)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(rollout.model_path)
+    return build_workload(
+        dataset=dataset, task=task, task_kwargs=task_kwargs, rewards=rewards, rollout=rollout, tokenizer=tokenizer
+    )
+
+
+def attach_batch_source(datamodule: Any, next_batch: Callable[[], list[Sample]], pad_token_id: int | None) -> None:
+    """Let the trainer's data module take its batches from ``next_batch`` and pad with the tokenizer's pad token.
+
+    Raises:
+        ConfigError: the data module has no ``attach_source(fn)`` (e.g. none was passed to ``trainer.fit``).
+    """
+    if datamodule is None or not hasattr(datamodule, "attach_source"):
+        raise ConfigError(
+            [
+                "HybridRolloutCallback needs a data module with attach_source(fn), e.g. "
+                "lightning_hybrid_rollout.lightning.data.RolloutDataModule: pass datamodule=RolloutDataModule() "
+                "to trainer.fit"
+            ]
+        )
+    datamodule.attach_source(next_batch)
+    if hasattr(datamodule, "pad_token_id") and pad_token_id is not None:
+        datamodule.pad_token_id = pad_token_id
