@@ -15,6 +15,8 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && "$PY" -c "import lightn
     echo "[install] up to date ($VENV)"
     exit 0
 fi
+# setuptools' informational build warnings (e.g. "Editable installation") are nothing a user can act on
+export PYTHONWARNINGS="ignore::UserWarning"
 "$PY" -m pip install -q --upgrade pip
 if command -v nvidia-smi >/dev/null 2>&1; then
     "$PY" -m pip install -q -e ".[gpu,smollm2,test]"
