@@ -11,6 +11,7 @@ The contract every trainable module honours (``GRPOModule`` or a user's own, see
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
 from collections.abc import Iterator, Sequence
@@ -99,6 +100,16 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """
     d = (ref_logprobs - logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     return torch.exp(d) - d - 1.0
+
+
+def _takes_logits_to_keep(model: nn.Module) -> bool:
+    """Whether ``model.forward`` accepts Hugging Face's ``logits_to_keep`` (every causal LM of transformers >= 4.50)."""
+    cached = getattr(model, "_lhr_takes_logits_to_keep", None)
+    if cached is None:
+        params = inspect.signature(model.forward).parameters
+        cached = "logits_to_keep" in params
+        object.__setattr__(model, "_lhr_takes_logits_to_keep", cached)
+    return bool(cached)
 
 
 class GRPOModule(LightningModule):
@@ -264,9 +275,16 @@ class GRPOModule(LightningModule):
         rank_zero_info(f"GRPOModule: loaded {type(self.model).__name__} from {self.hparams.model_path}")
 
     @override
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        """Logits ``[B, T, V]`` of the policy model."""
-        return self.policy_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, logits_to_keep: int = 0) -> Tensor:
+        """Logits ``[B, T, V]`` of the policy model (``[B, logits_to_keep, V]``, the last positions, if > 0 and the
+        model takes Hugging Face's ``logits_to_keep``; a model that does not gets all ``T``)."""
+        model = self.policy_model
+        if logits_to_keep > 0 and _takes_logits_to_keep(model):
+            out = model(
+                input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=logits_to_keep
+            )
+            return out.logits
+        return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
 
     def token_logprobs(self, batch: RolloutBatch) -> Tensor:
         """Log-probs of ``input_ids[:, 1:]`` under the current model, ``[B, T - 1]`` (float32).
@@ -281,11 +299,18 @@ class GRPOModule(LightningModule):
 
             logp = self.token_logprobs(batch)  # align with batch.response_mask[:, 1:]
         """
-        logits = self(batch.input_ids, batch.attention_mask)[:, :-1].float()
+        # Only the positions from the first response token on are scored: the prompt's logits (most of a short
+        # answer's sequence, and a vocabulary-wide softmax each) are never computed. Columns before it are 0.
+        width = batch.input_ids.shape[1]
+        scored = batch.response_mask[:, 1:].sum(dim=0).nonzero()
+        first = int(scored[0]) if len(scored) else width - 1
+        logits = self(batch.input_ids, batch.attention_mask, logits_to_keep=width - first)[:, -(width - first) : -1]
+        logits = logits.float()
         if self.hparams.temperature != 1.0:
             logits = logits / self.hparams.temperature
-        targets = batch.input_ids[:, 1:].unsqueeze(-1)
-        return logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        targets = batch.input_ids[:, first + 1 :].unsqueeze(-1)
+        logp = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        return torch.nn.functional.pad(logp, (first, 0))
 
     def loss_mask(self, batch: RolloutBatch) -> Tensor:
         """``[B, T - 1]`` weights of the tokens the loss trains (response tokens; filtered groups and, with

@@ -142,6 +142,44 @@ def _grads(module: GRPOModule, loss: torch.Tensor) -> list[torch.Tensor]:
     return [p.grad.clone() for p in module.parameters()]
 
 
+def test_token_logprobs_score_only_response_positions_and_equal_the_full_logits() -> None:
+    """Logits are computed from the first response position on (``logits_to_keep``); the scored values equal a
+    full forward's, the prompt columns before it are 0, and a model without ``logits_to_keep`` gets the same."""
+    module = GRPOModule(model=tiny_llama())
+    batch = collate_samples(synthetic_samples(3, groups=3))
+    calls: list[int] = []
+    model = module.policy_model
+    forward = model.forward
+
+    def spy(*args, logits_to_keep: int = 0, **kwargs):
+        calls.append(logits_to_keep)
+        return forward(*args, logits_to_keep=logits_to_keep, **kwargs)
+
+    with torch.no_grad():
+        model.forward = spy
+        logp = module.token_logprobs(batch)
+        del model.forward
+        full = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+    full_lp = torch.log_softmax(full[:, :-1].float(), dim=-1).gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+    first = int(batch.response_mask[:, 1:].sum(0).nonzero()[0])
+    assert first > 0 and calls == [batch.input_ids.shape[1] - first]  # the prompt's logits were never computed
+    mask = batch.response_mask[:, 1:] > 0
+    torch.testing.assert_close(logp[mask], full_lp[mask], atol=1e-5, rtol=1e-5)
+    assert torch.all(logp[:, :first] == 0)
+
+    class NoKeep(torch.nn.Module):  # a causal LM without Hugging Face's logits_to_keep
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask=None, use_cache=False):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask, use_cache=use_cache)
+
+    with torch.no_grad():
+        plain = GRPOModule(model=NoKeep(model)).token_logprobs(batch)
+    torch.testing.assert_close(plain, logp, atol=1e-6, rtol=1e-6)
+
+
 def test_on_policy_ratio_one_and_vanilla_policy_gradient() -> None:
     module = GRPOModule(model=tiny_llama())
     batch = _on_policy_batch(module)
