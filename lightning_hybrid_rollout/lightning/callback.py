@@ -31,7 +31,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
@@ -45,9 +44,10 @@ from lightning_hybrid_rollout.config import (
     validate_run_config,
 )
 from lightning_hybrid_rollout.lightning.cycle_report import CycleReport
+from lightning_hybrid_rollout.lightning.model_path import take_model_path
 from lightning_hybrid_rollout.lightning.model_prep import prepare_model
 from lightning_hybrid_rollout.lightning.overlap import OverlapSync
-from lightning_hybrid_rollout.lightning.rank_protocol import BoundaryProtocol
+from lightning_hybrid_rollout.lightning.trainer_side import StepTimes, TrainerSide
 from lightning_hybrid_rollout.lightning.workload import Workload, attach_batch_source, load_workload
 from lightning_hybrid_rollout.redaction import redact_logger_hyperparams
 from lightning_hybrid_rollout.rewards import RewardConfig
@@ -193,7 +193,6 @@ class HybridRolloutCallback(Callback):
                 standalone_devices=round(r.standalone_replicas * per_replica),
             )
         )
-        self._cycle_weights: list[tuple[str, torch.Tensor]] | None = None
         self._pending_state: dict[str, Any] | None = None
         # checkpointed counters
         self.param_version = 0
@@ -204,14 +203,13 @@ class HybridRolloutCallback(Callback):
         self.call_log: list[str] = []
         #: ``overlap_sync``'s ask-first, prepare-under-the-sync and undo (rank 0; :mod:`.overlap`).
         self._overlap = OverlapSync(clock=lambda: self._clock(), call_log=self.call_log)
-        #: Who offloads, who stays: one broadcast per sync boundary (built at ``on_train_start``, every rank).
-        self._ranks: BoundaryProtocol | None = None
+        #: Offload/onload, the weight gather, the rank protocol (every rank); the hybrid pool's ``TrainerLink``.
+        self._trainer_side = TrainerSide(self.call_log, weight_version=lambda: self.param_version)
         self.last_cycle_metrics: dict[str, float] = {}
         #: The clock every cycle measurement is read from (``time.monotonic``; a test may give a virtual one).
         self._clock: Callable[[], float] = time.monotonic
-        self._step_begin = self._step_start = self._step_fetch_s = 0.0
-        self._alloc_start = self._last_step_end = 0.0
-        self._last_offload_s = self._last_onload_s = 0.0
+        #: The current step's wall times (:class:`~.trainer_side.StepTimes`).
+        self._step = StepTimes(clock=lambda: self._clock())
 
     # --------------------------------------------------------------------------------------------- properties
 
@@ -254,7 +252,13 @@ class HybridRolloutCallback(Callback):
 
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._take_model_path(trainer, pl_module, check_disk=stage == "fit")
+        take_model_path(
+            pl_module,
+            self.rollout.model_path,
+            build_model=self.build_model is not None,
+            run_dir=self.run_dir or trainer.default_root_dir,
+            check_disk=stage == "fit",
+        )
         redact_logger_hyperparams(trainer.loggers)
         if stage not in ("fit", "validate"):
             return
@@ -296,30 +300,6 @@ class HybridRolloutCallback(Callback):
         values = ", ".join(f"{k}={getattr(self.policy, k, '?')!r}" for k in names)
         return f"{type(self.policy).__name__}({values})"
 
-    def _take_model_path(self, trainer: Trainer, pl_module: LightningModule, check_disk: bool) -> None:
-        """One model directory for the module and the engines, checked before anything starts (:mod:`.model_path`).
-
-        A module with a ``model_path`` hyperparameter left as None takes ``rollout.model_path``; a different one is
-        refused, as is (for ``fit``) a directory without a model or a build outside the run's directory.
-        """
-        from lightning_hybrid_rollout.lightning.model_path import model_path_problems
-
-        hparams = getattr(pl_module, "hparams", None)
-        has_path = hparams is not None and "model_path" in hparams
-        module_path = hparams["model_path"] if has_path else None
-        if has_path and module_path is None and getattr(pl_module, "model", None) is None:
-            hparams["model_path"] = self.rollout.model_path
-        problems = model_path_problems(
-            self.rollout.model_path,
-            module_path,
-            build_model=self.build_model is not None,
-            run_dir=self.run_dir or trainer.default_root_dir,
-            module_key=f"{type(pl_module).__name__}(model_path=...)",
-            check_disk=check_disk,
-        )
-        if problems:
-            raise ConfigError(problems)
-
     def _start_runtime(self, trainer: Trainer) -> None:
         from lightning_hybrid_rollout.lightning.runtime import RolloutRuntime
 
@@ -329,7 +309,7 @@ class HybridRolloutCallback(Callback):
             workload=self._workload,
             run_dir=self._run_dir,
             trace=self.trace,
-            trainer=_TrainerLink(self),
+            trainer=self._trainer_side,
         )
         self._runtime.start()
         self._controller = DynamicResourceController(
@@ -354,11 +334,7 @@ class HybridRolloutCallback(Callback):
             overlap=self._overlap if self.async_training.overlap_sync else None,
         )
         self._ledger.shape = dataclasses.replace(self._ledger.shape, hybrid_devices=trainer.world_size)
-        self._ranks = ranks = BoundaryProtocol(
-            broadcast=lambda message: self._broadcast(trainer, message),
-            offload=lambda: self._offload(trainer),
-            barrier=lambda: trainer.strategy.barrier("lhr_offloaded"),
-        )
+        ranks = self._trainer_side.start_fit(trainer)
         resumed = self._pending_state is not None
         pl_module.param_version = self.param_version
         # Engines loaded the model from disk (version 0). On resume, push the restored weights first.
@@ -367,7 +343,7 @@ class HybridRolloutCallback(Callback):
         if trainer.is_global_zero:
             if resumed:
                 self._apply_loaded_state()
-                self._runtime.push_standalone(self._cycle_weights, self.param_version)
+                self._runtime.push_standalone(self._trainer_side.weights, self.param_version)
             self._runtime.set_weight_version(self.param_version)
             self._runtime.start_generation()
             ranks.open()  # the start decision's (or the restore's) boundary
@@ -381,7 +357,7 @@ class HybridRolloutCallback(Callback):
         else:
             ranks.follow()
         self._pending_state = None
-        self._cycle_weights = None
+        self._trainer_side.weights = None
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -414,18 +390,13 @@ class HybridRolloutCallback(Callback):
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         pl_module.param_version = self.param_version
         cycle_start = self._is_cycle_start(trainer)
-        # a step's times run from the previous step's end inside a cycle (what happens between two steps, e.g. a
-        # checkpoint or validation, is the trainer's turn too), from this hook at a cycle's start
-        fresh = cycle_start or not self._last_step_end  # (the first step of a fit resumed mid-cycle too)
-        self._step_begin = self._clock() if fresh else self._last_step_end
+        self._step.begin(cycle_start)
         if cycle_start:
             if trainer.is_global_zero:
                 self._before_step(trainer)
             trainer.strategy.barrier("lhr_deactivated")
-            self._onload(trainer)
-        self._step_start = self._clock()
-        self._alloc_start = self._step_start if fresh else self._last_step_end
-        self._step_fetch_s = 0.0
+            self._trainer_side.onload(trainer)
+        self._step.start_training()
 
     def _before_step(self, trainer: Trainer) -> None:
         assert self._controller is not None
@@ -479,7 +450,7 @@ class HybridRolloutCallback(Callback):
         self._wait_queue(n)
         samples = rt.take_samples(n, timeout=self.async_training.wait_timeout_s)
         waited = self._clock() - t0
-        self._step_fetch_s = waited
+        self._step.fetch_s = waited
         hybrid_on = bool(self._controller is not None and self._controller.is_hybrid_active)
         rt.trace_phase("waiting", t0, t0 + waited, hybrid=hybrid_on)
         self._ledger.add_batch(waited, queue_before, len(samples), sum(s.response_length for s in samples))
@@ -490,10 +461,11 @@ class HybridRolloutCallback(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        step_s = self._clock() - self._step_start
+        step = self._step
+        step_s = self._clock() - step.start
         if trainer.is_global_zero:
-            self._ledger.add_compute(max(0.0, step_s - self._step_fetch_s))
-            self._runtime.trace_phase("training", self._step_start + self._step_fetch_s, self._clock())
+            self._ledger.add_compute(max(0.0, step_s - step.fetch_s))
+            self._runtime.trace_phase("training", step.start + step.fetch_s, self._clock())
             assert self._report is not None
             self._report.log_step(pl_module, self.samples_consumed)
         if not self._is_cycle_end(trainer):
@@ -504,8 +476,9 @@ class HybridRolloutCallback(Callback):
         self.param_version += 1
         pl_module.param_version = self.param_version
         sync_s = 0.0
+        ranks, weights = self._trainer_side.protocol, self._trainer_side.weights
         if trainer.is_global_zero:
-            self._protocol.open()  # this cycle end's boundary
+            ranks.open()  # this cycle end's boundary
             prepared = self.async_training.overlap_sync and self._overlap.will_activate(
                 self._controller,
                 self._runtime,
@@ -513,32 +486,29 @@ class HybridRolloutCallback(Callback):
                 lambda: self._context(self._runtime.peek_role_window()),
             )
             if prepared:
-                sync_s = self._overlap.prepare(
-                    self._runtime, self._protocol, self._cycle_weights, self.param_version, self.cycles_done + 1
-                )
+                sync_s = self._overlap.prepare(self._runtime, ranks, weights, self.param_version, self.cycles_done + 1)
             else:
                 t_sync = self._clock()
-                sync_s = self._runtime.push_standalone(self._cycle_weights, self.param_version)
+                sync_s = self._runtime.push_standalone(weights, self.param_version)
                 self._runtime.trace_phase("weight_sync", t_sync, self._clock(), target="standalone")
             self.call_log.append("sync_standalone")
             stats = self._runtime.new_param_version(self.param_version)
             self.cycles_done += 1
             end = self._after_sync(trainer, global_steps=self.cycles_done, prepared=prepared)
-            self._protocol.close()
+            ranks.close()
             self._end_step(trainer)
             self._emit_cycle(trainer, stats, sync_s, end)
         else:
             self.cycles_done += 1
-            self._protocol.follow()
-        self._cycle_weights = None
+            ranks.follow()
+        self._trainer_side.weights = None
 
     def _end_step(self, trainer: Trainer) -> None:
         """The step's wall times (rank 0; ``docs/metrics.md``): at a cycle's first step, allocated from asking for the
         batch and the step from its hook (the deactivation included); later steps from the previous step's end."""
         if trainer.is_global_zero:
-            now = self._clock()
-            self._ledger.end_step(allocated_s=now - self._alloc_start, step_s=now - self._step_begin)
-            self._last_step_end = now
+            allocated_s, step_s = self._step.end()
+            self._ledger.end_step(allocated_s=allocated_s, step_s=step_s)
 
     def _after_sync(self, trainer: Trainer, global_steps: int, prepared: bool = False) -> Any:
         """After the standalone sync (rank 0): the controller's activation decision and what follows.
@@ -573,48 +543,9 @@ class HybridRolloutCallback(Callback):
         self.call_log.append("update_after_step")
         return end
 
-    # ------------------------------------------------------------------------------- offload / onload / weights
-
-    def _broadcast(self, trainer: Trainer, msg: str) -> str:
-        if trainer.world_size <= 1:
-            return msg
-        return trainer.strategy.broadcast(msg, src=0)
-
-    @property
-    def _protocol(self) -> BoundaryProtocol:
-        if self._ranks is None:
-            raise RuntimeError("the rank protocol is built in on_train_start; a sync boundary came before it")
-        return self._ranks
-
-    def _need_devices(self) -> None:
-        """Called by the pool right before the hybrid engines wake (rank 0): every rank offloads first."""
-        self._protocol.need_devices()
-
-    def _offload(self, trainer: Trainer) -> None:
-        strategy = trainer.strategy
-        if hasattr(strategy, "offload_training_state") and not getattr(strategy, "is_offloaded", False):
-            seconds = strategy.offload_training_state()
-            self._last_offload_s = seconds
-            self.call_log.append("offload")
-
-    def _onload(self, trainer: Trainer) -> None:
-        strategy = trainer.strategy
-        if hasattr(strategy, "onload_training_state") and getattr(strategy, "is_offloaded", False):
-            seconds = strategy.onload_training_state()
-            self._last_onload_s = seconds
-            self.call_log.append("onload")
-
     def _gather_weights(self, trainer: Trainer) -> None:
-        """Full, unsharded weights of the policy model on rank 0 (collective: every rank calls it)."""
-        strategy = trainer.strategy
-        items: list[tuple[str, torch.Tensor]] = []
-        if hasattr(strategy, "iter_full_weights"):
-            for bucket in strategy.iter_full_weights(bucket_bytes=64 * 1024**2, rank_zero_only=True):
-                items.extend(bucket)
-        else:
-            model = getattr(trainer.lightning_module, "policy_model", trainer.lightning_module)
-            items = [(k, v.detach().to("cpu")) for k, v in model.state_dict().items()]
-        self._cycle_weights = items if trainer.is_global_zero else None
+        """The cycle's full weights on rank 0 (collective; ``benchmarks/cpu_miniature.py`` times it by this name)."""
+        self._trainer_side.gather_weights(trainer)
 
     # ------------------------------------------------------------------------------------------------- context
 
@@ -642,7 +573,8 @@ class HybridRolloutCallback(Callback):
         """Measure the cycle's end, close the cycle and report it (rank 0; :class:`~.cycle_report.CycleReport`)."""
         report = self._report
         assert report is not None
-        measured = report.cycle_end(stats, sync_s, end, self.param_version, self._last_offload_s, self._last_onload_s)
+        side = self._trainer_side
+        measured = report.cycle_end(stats, sync_s, end, self.param_version, side.last_offload_s, side.last_onload_s)
         self.last_cycle_metrics = report.emit(
             trainer, measured, self.cycles_done, self.samples_consumed, self.switch_events
         )
@@ -711,19 +643,3 @@ class HybridRolloutCallback(Callback):
             pool.sync_weights()
             pool.add_replicas()
             pool.resume_generation_replicas()
-
-
-class _TrainerLink:
-    """The callback as the hybrid pool's :class:`~lightning_hybrid_rollout.lightning.runtime.TrainerLink`."""
-
-    def __init__(self, callback: HybridRolloutCallback) -> None:
-        self._cb = callback
-
-    def need_devices(self) -> None:
-        self._cb._need_devices()
-
-    def cycle_weights(self) -> list[tuple[str, torch.Tensor]]:
-        return self._cb._cycle_weights or []
-
-    def weight_version(self) -> int:
-        return self._cb.param_version

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
+
+from lightning_hybrid_rollout.errors import ConfigError
 
 ROLLOUT_KEY = "rollout.model_path"
 MODULE_KEY = "model.init_args.model_path"
@@ -79,3 +82,41 @@ def model_path_problems(
             f"{str(root / 'model')!r}), or create {rollout_path!r} as an empty directory first."
         ]
     return []
+
+
+def take_model_path(
+    module: Any,
+    rollout_path: str,
+    build_model: bool,
+    run_dir: str | os.PathLike[str] | None,
+    check_disk: bool = True,
+) -> None:
+    """One model directory for the module and the engines, checked before anything starts (the callback's ``setup``).
+
+    A module with a ``model_path`` hyperparameter left as None (and no ``model`` of its own) takes ``rollout_path``;
+    a different one is refused, as is (``check_disk``, for ``fit``) a directory without a model or a build outside
+    the run's directory: one :class:`~lightning_hybrid_rollout.errors.ConfigError` with
+    :func:`model_path_problems`' lines, the module's key named ``ClassName(model_path=...)``.
+
+    Args:
+        module: The LightningModule (its ``hparams``, if it has any, may get ``model_path`` set).
+        rollout_path: ``rollout.model_path``.
+        build_model: Whether the tiny CPU model may be built at ``rollout_path``.
+        run_dir: The run's directory (the callback's ``run_dir`` or ``trainer.default_root_dir``).
+        check_disk: Also check the directory itself (False: only that both names agree).
+    """
+    hparams = getattr(module, "hparams", None)
+    has_path = hparams is not None and "model_path" in hparams
+    module_path = hparams["model_path"] if has_path else None
+    if has_path and module_path is None and getattr(module, "model", None) is None:
+        hparams["model_path"] = rollout_path
+    problems = model_path_problems(
+        rollout_path,
+        module_path,
+        build_model=build_model,
+        run_dir=run_dir,
+        module_key=f"{type(module).__name__}(model_path=...)",
+        check_disk=check_disk,
+    )
+    if problems:
+        raise ConfigError(problems)

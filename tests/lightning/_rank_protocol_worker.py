@@ -63,7 +63,7 @@ class _Strategy:
 
 
 class _Pool:
-    """The hybrid pool as ``HybridReplicaPool`` behaves: a wake asks the callback for the devices first."""
+    """The hybrid pool as ``HybridReplicaPool`` behaves: a wake asks the trainer side for the devices first."""
 
     def __init__(self, cb: HybridRolloutCallback, log: list[tuple[str, float]]) -> None:
         self.cb, self.log = cb, log
@@ -72,7 +72,7 @@ class _Pool:
     def wake_up_replicas(self) -> None:
         if self.awake:
             return
-        self.cb._need_devices()
+        self.cb._trainer_side.need_devices()
         self.log.append(("wake", time.monotonic()))
         self.awake = True
 
@@ -191,8 +191,7 @@ def main(rank: int, store: str, out: str) -> None:
         cb.on_train_batch_end(trainer, module, None, None, step)  # type: ignore[arg-type]
     cb.on_train_end(trainer, module)  # type: ignore[arg-type]
     dist.barrier()
-    protocol = cb._ranks
-    assert protocol is not None
+    protocol = cb._trainer_side.protocol
     with open(out, "w") as f:
         json.dump({"history": protocol.history, "log": log, "call_log": cb.call_log}, f)
     dist.destroy_process_group()

@@ -20,7 +20,7 @@ import torch
 
 from lightning_hybrid_rollout import metrics as M
 from lightning_hybrid_rollout.config import AsyncTrainingConfig, ConfigError, RolloutConfig
-from lightning_hybrid_rollout.lightning.callback import HybridRolloutCallback, _TrainerLink
+from lightning_hybrid_rollout.lightning.callback import HybridRolloutCallback
 from lightning_hybrid_rollout.lightning.runtime import RolloutRuntime
 from lightning_hybrid_rollout.rollout.engine import SamplingSpec
 from lightning_hybrid_rollout.rollout.rollouter import Rollouter
@@ -183,7 +183,7 @@ def drive(
             workload=None,
             run_dir=tmp_path,
             trace=False,
-            trainer=_TrainerLink(cb),
+            trainer=cb._trainer_side,
         )
         rt.standalone = [
             _TimedReplica("standalone-0", token_latency=(0.0005, 0.001), seed=1, events=events),

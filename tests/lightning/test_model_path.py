@@ -11,6 +11,7 @@ import pytest
 from lightning_hybrid_rollout.config import ConfigError, RolloutConfig
 from lightning_hybrid_rollout.lightning.callback import HybridRolloutCallback
 from lightning_hybrid_rollout.lightning.data import RolloutDataModule
+from lightning_hybrid_rollout.lightning.model_path import take_model_path
 from lightning_hybrid_rollout.lightning.module import GRPOModule
 
 
@@ -56,7 +57,5 @@ def test_a_bad_model_path_stops_the_fit_before_ray_or_any_file(
 
 def test_the_module_takes_the_rollout_model_path(tmp_path: Path) -> None:
     module = GRPOModule()
-    callback = HybridRolloutCallback(RolloutConfig(model_path=str(tmp_path / "model")), build_model=True)
-    trainer = L.Trainer(accelerator="cpu", default_root_dir=str(tmp_path), logger=False)
-    callback._take_model_path(trainer, module, check_disk=True)
+    take_model_path(module, str(tmp_path / "model"), build_model=True, run_dir=str(tmp_path), check_disk=True)
     assert module.hparams.model_path == str(tmp_path / "model")
