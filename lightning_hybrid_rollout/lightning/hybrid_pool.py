@@ -64,7 +64,7 @@ class OverlapReport:
 
 
 class TrainerLink(Protocol):
-    """What the hybrid pool asks of the trainer side (the callback implements it; a test passes a fake)."""
+    """What the hybrid pool asks of the trainer side (``trainer_side.TrainerSide``; a test passes a fake)."""
 
     def need_devices(self) -> None:
         """Right before hybrid engines wake on the trainer's devices: every rank offloads (the rank protocol)."""
