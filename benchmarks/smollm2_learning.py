@@ -9,7 +9,7 @@ The LAST line is ``val reward gain: +X.XXX`` (after - before, absolute; the acce
 
 Usage::
 
-    python benchmarks/smollm2_learning.py [--root runs/smollm2 --minutes 25 --max-steps 120]
+    python benchmarks/smollm2_learning.py [--root runs/smollm2 --minutes 20 --max-steps 200]
 """
 
 from __future__ import annotations
@@ -55,11 +55,43 @@ def _validate(config: Path, root: Path, ckpt: Path | None) -> dict[str, float]:
     return {k: float(v) for k, v in cli.trainer.callback_metrics.items() if k.startswith("val/")}
 
 
+def plot_reward_curve(root: Path, before: float, after: float, fit_minutes: float, out: Path) -> Path:
+    """``train/reward_mean`` per step (and its 5-step moving mean) from the fit's ``metrics.csv``, with the
+    validation reward before and after as horizontal lines, to ``out`` (PNG)."""
+    import csv
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(root / "metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("train/reward_mean")]
+    steps = [int(float(r["step"])) for r in rows]
+    rewards = [float(r["train/reward_mean"]) for r in rows]
+    smooth = [sum(rewards[max(0, i - 4) : i + 1]) / len(rewards[max(0, i - 4) : i + 1]) for i in range(len(rewards))]
+    fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
+    ax.plot(steps, rewards, color="#9ecae1", lw=1, label="train reward (per step, T=1)")
+    ax.plot(steps, smooth, color="#08519c", lw=2, label="train reward (5-step mean)")
+    ax.axhline(before, color="#d62728", ls="--", lw=1.2, label=f"val reward before: {before:.3f}")
+    ax.axhline(after, color="#2ca02c", ls="--", lw=1.2, label=f"val reward after: {after:.3f}")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("mean reward")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"SmolLM2-135M-Instruct, GRPO on 2 CPU cores ({fit_minutes:.0f} min fit)", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default="runs/smollm2")
-    parser.add_argument("--minutes", type=float, default=25.0, help="wall-time limit of the fit")
-    parser.add_argument("--max-steps", type=int, default=120)
+    parser.add_argument("--minutes", type=float, default=20.0, help="wall-time limit of the fit")
+    parser.add_argument("--max-steps", type=int, default=200)
     args = parser.parse_args(argv)
     root = Path(args.root).resolve()
     lhr = [sys.executable, "-m", "lightning_hybrid_rollout.lightning.cli"]
@@ -85,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     after = _validate(config, root, ckpt)
     print(f"after: {json.dumps(after)}", flush=True)
     gain = after["val/reward"] - before["val/reward"]
+    png = plot_reward_curve(root, before["val/reward"], after["val/reward"], fit_s / 60, root / "reward_curve.png")
+    print(f"reward curve: {png}")
     print(f"fit wall time: {fit_s / 60:.1f} min (limit {minutes} min)")
     print(f"val reward: {before['val/reward']:.3f} -> {after['val/reward']:.3f}")
     print(f"val reward gain: {gain:+.3f}")

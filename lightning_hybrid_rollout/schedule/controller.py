@@ -347,7 +347,7 @@ class DynamicResourceController:
         self._last_activate_duration_s = duration_s
         self._cycle_activate_s += duration_s
         self._history.append(SwitchRecord("activate", step, start_s, duration_s))
-        logger.info("hybrid replicas activated at step %d in %.3fs", step, duration_s)
+        logger.debug("hybrid replicas activated at step %d in %.3fs", step, duration_s)
         return duration_s
 
     def deactivate(self, global_steps: int | None = None) -> float:
@@ -413,7 +413,7 @@ class DynamicResourceController:
         self._last_deactivate_duration_s = duration_s
         self._cycle_deactivate_s += duration_s
         self._history.append(SwitchRecord("deactivate", step, self._pending_start_s, duration_s))
-        logger.info("hybrid replicas deactivated at step %d in %.3fs", step, duration_s)
+        logger.debug("hybrid replicas deactivated at step %d in %.3fs", step, duration_s)
         return duration_s
 
     def _rollback_activation(self, failed_method: str) -> None:

@@ -104,3 +104,60 @@ def test_rewards_reach_metrics_csv(smollm2_fit: dict[str, Any]) -> None:
     rewards = [float(r["train/reward_mean"]) for r in rows if r.get("train/reward_mean")]
     assert len(rewards) == smollm2_fit["global_step"] == 2
     assert any(r.get("train/rewards/answered_mean") for r in rows)
+
+
+def test_lhr_validate_reports_mean_reward_and_pass_at_k_of_the_real_model_from_val_path(
+    smollm2_dir: Path, tmp_path: Path
+) -> None:
+    """``lhr validate`` (the CLI, in its own process) on SmolLM2 scores the held-out prompts of ``val_path`` with the
+    example's reward function and reports val/reward, pass@1 and pass@n to the logger."""
+    import yaml
+
+    repo = HERE.parents[1]
+    val = tmp_path / "val.jsonl"
+    with val.open("w") as f:
+        for a, b in ((2, 3), (4, 1), (1, 1)):
+            messages = [{"role": "user", "content": f"What is {a} + {b}? Reply with the number only."}]
+            f.write(json.dumps({"prompt": messages, "answer": str(a + b)}) + "\n")
+    config = {
+        "trainer": {
+            "accelerator": "cpu",
+            "devices": 1,
+            "strategy": "hybrid_single_device",
+            "default_root_dir": str(tmp_path),
+            "logger": {
+                "class_path": "lightning.pytorch.loggers.CSVLogger",
+                "init_args": {"save_dir": str(tmp_path), "name": "", "version": ""},
+            },
+            "enable_progress_bar": False,
+            "callbacks": [
+                {
+                    "class_path": "lightning_hybrid_rollout.HybridRolloutCallback",
+                    "init_args": {
+                        "dataset": {"path": str(val), "val_path": str(val), "prompt_column": "prompt"},
+                        "reward_funcs": [f"{repo / 'examples' / 'smollm2' / 'rewards.py'}:sum_correct"],
+                        "rollout": {"model_path": str(smollm2_dir), "response_length": 8, "prompt_length": 64},
+                    },
+                }
+            ],
+        },
+        "model": {"class_path": "lightning_hybrid_rollout.GRPOModule"},
+        "data": {"class_path": "lightning_hybrid_rollout.RolloutDataModule", "init_args": {"val_n": 2}},
+    }
+    path = tmp_path / "validate.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    proc = subprocess.run(
+        [sys.executable, "-m", "lightning_hybrid_rollout.lightning.cli", "validate", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=str(tmp_path),
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    with open(tmp_path / "metrics.csv") as f:
+        (row,) = list(csv.DictReader(f))
+    for key in ("val/reward", "val/pass@1", "val/pass@2", "val/rewards/sum_correct_mean", "val/truncated_fraction"):
+        assert row.get(key) not in (None, ""), (key, row)
+        assert 0.0 <= float(row[key]) <= 1.0, (key, row)
+    assert float(row["val/pass@2"]) >= float(row["val/pass@1"])
