@@ -23,9 +23,6 @@ if TYPE_CHECKING:
 
 __all__ = ["StepTimes", "TrainerSide"]
 
-#: Bytes per bucket of the strategy's full-weight gather.
-_GATHER_BUCKET_BYTES = 64 * 1024**2
-
 
 class StepTimes:
     """One optimizer step's wall times on the trainer (``docs/metrics.md``).
@@ -125,7 +122,7 @@ class TrainerSide:
         strategy = trainer.strategy
         items: list[tuple[str, torch.Tensor]] = []
         if hasattr(strategy, "iter_full_weights"):
-            for bucket in strategy.iter_full_weights(bucket_bytes=_GATHER_BUCKET_BYTES, rank_zero_only=True):
+            for bucket in strategy.iter_full_weights(rank_zero_only=True):  # weights.format.DEFAULT_BUCKET_BYTES
                 items.extend(bucket)
         else:
             model = getattr(trainer.lightning_module, "policy_model", trainer.lightning_module)
