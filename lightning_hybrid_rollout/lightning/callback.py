@@ -328,7 +328,7 @@ class HybridRolloutCallback(Callback):
             controller=self._controller,
             policy=self.policy,
             workload=self._workload,
-            clock=self._clock,
+            clock=lambda: self._clock(),
             summary_every_n_cycles=self.summary_every_n_cycles,
             has_hybrid=self.rollout.hybrid_replicas > 0,
             overlap=self._overlap if self.async_training.overlap_sync else None,

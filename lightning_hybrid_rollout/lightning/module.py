@@ -104,12 +104,7 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 
 def _takes_logits_to_keep(model: nn.Module) -> bool:
     """Whether ``model.forward`` accepts Hugging Face's ``logits_to_keep`` (every causal LM of transformers >= 4.50)."""
-    cached = getattr(model, "_lhr_takes_logits_to_keep", None)
-    if cached is None:
-        params = inspect.signature(model.forward).parameters
-        cached = "logits_to_keep" in params
-        object.__setattr__(model, "_lhr_takes_logits_to_keep", cached)
-    return bool(cached)
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
 class GRPOModule(LightningModule):
