@@ -669,6 +669,23 @@ class RolloutConfig(_ConfigBase):
     hybrid replica is parked, the replica generates while the trainer waits), leaving the other cores to the
     standalone replicas."""
 
+    # --- Parameters that control placement and failures --------------------------------------------------------
+
+    standalone_resource: str | None = None
+    """Ray resource a node must advertise to host standalone replicas (e.g. ``lhr_rollout``, set on the rollout
+    nodes with ``ray start --resources '{"lhr_rollout": 8}'``); each standalone replica asks for one unit, so it
+    is placed only there. ``None``: anywhere Ray finds room (the local default). Hybrid replicas always go to the
+    trainer ranks' own nodes."""
+
+    replica_health_timeout_s: float = 60.0
+    """A replica that does not answer a health check within this many seconds is treated as dead: it is killed,
+    its in-flight samples continue on other replicas, and a replacement starts."""
+
+    max_replica_restarts: int = 3
+    """Replacements tried per replica slot in a row before giving up on that slot (a replacement that starts and
+    takes its weights resets the count). When no replica is left and none can start, the fit saves a checkpoint
+    and stops with a ``ReplicaFailureError``."""
+
     def __post_init__(self) -> None:
         c = _Checker(self.SECTION)
         if not isinstance(self.model_path, str):
@@ -711,6 +728,28 @@ class RolloutConfig(_ConfigBase):
             )
         c.boolean("enforce_eager", self.enforce_eager)
         c.integer("seed", self.seed, 0, "Use a non-negative integer.")
+        if self.standalone_resource is not None and (
+            not isinstance(self.standalone_resource, str) or not self.standalone_resource
+        ):
+            c.add(
+                "standalone_resource",
+                "null or a Ray resource name",
+                self.standalone_resource,
+                "Use null (no placement constraint) or the resource your rollout nodes advertise, e.g. 'lhr_rollout'.",
+            )
+        c.real(
+            "replica_health_timeout_s",
+            self.replica_health_timeout_s,
+            "Use seconds, e.g. 60 (longer than an engine's slowest step).",
+            low=0.0,
+            low_open=True,
+        )
+        c.integer(
+            "max_replica_restarts",
+            self.max_replica_restarts,
+            0,
+            "Use 0 (never replace a dead replica) or a small count such as 3.",
+        )
         self._check_engine_fields(c)
         c.raise_if_any()
 

@@ -75,6 +75,11 @@ class ReplicaDeadError(HybridRolloutError, RuntimeError):
         return (ReplicaDeadError, (self.replica_id, None))
 
 
+class ReplicaFailureError(HybridRolloutError, RuntimeError):
+    """No rollout replica is left and none could be started (``rollout.max_replica_restarts`` replacements failed
+    in a row); the callback saves a checkpoint before the fit stops with it."""
+
+
 class NoReplicaAvailableError(HybridRolloutError, TimeoutError):
     """No routable replica appeared within the load balancer's acquire timeout."""
 

@@ -10,10 +10,16 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lightning_hybrid_rollout.config import RolloutConfig
+    from lightning_hybrid_rollout.rollout.replica import ReplicaSpec
+    from lightning_hybrid_rollout.rollout.vllm.config import VLLMEngineConfig
 
 log = logging.getLogger(__name__)
 
-__all__ = ["pin_trainer_process", "plan_cpu_placement"]
+__all__ = ["pin_trainer_process", "plan_cpu_placement", "replica_specs"]
 
 
 def _cpu_cores() -> list[int]:
@@ -52,6 +58,45 @@ def plan_cpu_placement(
         [avail[(n - 1 - (j * cpus_per_replica + k)) % n] for k in range(cpus_per_replica)] for j in range(standalone)
     ]
     return standalone_cores, hybrid_cores
+
+
+def replica_specs(
+    rollout: RolloutConfig, engine: VLLMEngineConfig, s_cores: list[list[int]], h_cores: list[list[int]]
+) -> list[ReplicaSpec]:
+    """How to start each replica of the run: the standalone ones, then the hybrid ones.
+
+    Args:
+        rollout: The rollout section (counts, CPUs/GPUs per replica).
+        engine: The engines' settings.
+        s_cores: Cores of each standalone replica (:func:`plan_cpu_placement`).
+        h_cores: Cores of each hybrid replica.
+    """
+    from lightning_hybrid_rollout.rollout.replica import ReplicaSpec
+
+    r = rollout
+    return [
+        ReplicaSpec(
+            replica_id=f"standalone-{j}",
+            role="standalone",
+            engine=engine,
+            cpus=r.cpus_per_replica,
+            cpu_ids=s_cores[j],
+            index=j,
+            gpus=r.gpus_per_replica,
+        )
+        for j in range(r.standalone_replicas)
+    ] + [
+        ReplicaSpec(
+            replica_id=f"hybrid-{i}",
+            role="hybrid",
+            engine=engine,
+            cpus=r.cpus_per_replica,
+            cpu_ids=h_cores[i],
+            index=i,
+            gpus=r.gpus_per_replica,
+        )
+        for i in range(r.hybrid_replicas)
+    ]
 
 
 def pin_trainer_process(cores: Sequence[int]) -> list[int] | None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from lightning_hybrid_rollout.config import AsyncTrainingConfig, RolloutConfig
 from lightning_hybrid_rollout.lightning.hybrid_pool import HybridReplicaPool, NoTrainer, OverlapReport, TrainerLink
-from lightning_hybrid_rollout.lightning.placement import pin_trainer_process, plan_cpu_placement
+from lightning_hybrid_rollout.lightning.placement import pin_trainer_process, plan_cpu_placement, replica_specs
 from lightning_hybrid_rollout.rollout.engine import SamplingSpec
 from lightning_hybrid_rollout.rollout.event_loop import EventLoopThread
 from lightning_hybrid_rollout.rollout.message_queue import MessageQueue
@@ -179,38 +179,14 @@ class RolloutRuntime(RuntimeQueries):
     def start(self) -> RolloutRuntime:
         """Start Ray and the replicas (hybrid ones parked), build the rollouter (not yet generating)."""
         from lightning_hybrid_rollout.rollout.ray_runtime import RayRuntime
-        from lightning_hybrid_rollout.rollout.replica import ReplicaSpec
         from lightning_hybrid_rollout.rollout.rollouter import Rollouter
 
         r = self.rollout
         self.check_engine_args()
         t0 = time.monotonic()
         self.ray = RayRuntime(address=r.ray_address).start()
-        engine = self._engine_config()
         s_cores, h_cores = plan_cpu_placement(r.standalone_replicas, r.hybrid_replicas, r.cpus_per_replica)
-        specs = [
-            ReplicaSpec(
-                replica_id=f"standalone-{j}",
-                role="standalone",
-                engine=engine,
-                cpus=r.cpus_per_replica,
-                cpu_ids=s_cores[j],
-                index=j,
-                gpus=r.gpus_per_replica,
-            )
-            for j in range(r.standalone_replicas)
-        ] + [
-            ReplicaSpec(
-                replica_id=f"hybrid-{i}",
-                role="hybrid",
-                engine=engine,
-                cpus=r.cpus_per_replica,
-                cpu_ids=h_cores[i],
-                index=i,
-                gpus=r.gpus_per_replica,
-            )
-            for i in range(r.hybrid_replicas)
-        ]
+        specs = replica_specs(r, self._engine_config(), s_cores, h_cores)
         if r.gpus_per_replica == 0 and r.pin_trainer:
             pin_trainer_process(sorted({c for cores in h_cores for c in cores}))
         handles = self.ray.start_replicas(specs)
