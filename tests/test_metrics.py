@@ -58,6 +58,7 @@ def test_metric_names_match_the_seed_verbatim():
         "dynamic_resource/hybrid_sync_skipped",
         "dynamic_resource/hybrid_sync_skipped_total",
         "dynamic_resource/hybrid_active",
+        "dynamic_resource/replica_restarts",
     )
     assert len(set(M.METRIC_NAMES)) == len(M.METRIC_NAMES)
 

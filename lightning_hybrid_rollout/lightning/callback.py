@@ -33,7 +33,8 @@ from typing import Any, Literal
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
 from lightning_hybrid_rollout.config import (
@@ -43,6 +44,7 @@ from lightning_hybrid_rollout.config import (
     TinyModelConfig,
     validate_run_config,
 )
+from lightning_hybrid_rollout.errors import ReplicaFailureError
 from lightning_hybrid_rollout.lightning.cycle_report import CycleReport
 from lightning_hybrid_rollout.lightning.model_path import take_model_path
 from lightning_hybrid_rollout.lightning.model_prep import prepare_model
@@ -76,6 +78,9 @@ for _message in _EXPECTED_WARNINGS:
     warnings.filterwarnings("ignore", message=_message)
 
 _STATE_VERSION = 1
+HEALTH_PROBE_EVERY_S = 5.0
+"""While the trainer waits for samples, each replica answers a health check this often (an unanswered one is
+treated as dead after ``rollout.replica_health_timeout_s``)."""
 
 
 class HybridRolloutCallback(Callback):
@@ -194,6 +199,8 @@ class HybridRolloutCallback(Callback):
             )
         )
         self._pending_state: dict[str, Any] | None = None
+        self._trainer: Trainer | None = None
+        self._fallback_warned = False
         # checkpointed counters
         self.param_version = 0
         self.cycles_done = 0
@@ -263,6 +270,7 @@ class HybridRolloutCallback(Callback):
         if stage not in ("fit", "validate"):
             return
         if stage == "fit":
+            self._trainer = trainer
             run_dir = Path(self.run_dir or trainer.default_root_dir)
             self._run_dir = run_dir
             if trainer.is_global_zero:
@@ -357,7 +365,6 @@ class HybridRolloutCallback(Callback):
         else:
             ranks.follow()
         self._pending_state = None
-        self._trainer_side.weights = None
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -365,13 +372,51 @@ class HybridRolloutCallback(Callback):
 
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, KeyboardInterrupt | SIGTERMException) and self._runtime is not None:
+            self._save_checkpoint(trainer, "interrupted")
         self._shutdown()
+
+    def _save_checkpoint(self, trainer: Trainer, reason: str) -> None:
+        """A checkpoint now, when the fit checkpoints (a ``ModelCheckpoint``), next to its others; the rollouter's
+        unfinished groups and buffered samples go in it like at any checkpoint, so a resume loses nothing."""
+        ckpt = trainer.checkpoint_callback
+        if ckpt is None or trainer.world_size > 1:  # several ranks: they are not all here to save together
+            if ckpt is not None:
+                log.warning(
+                    "[lhr] %s: no checkpoint saved (%d ranks); resume from the last one", reason, trainer.world_size
+                )
+            return
+        dirpath = getattr(ckpt, "dirpath", None) or str(Path(trainer.default_root_dir) / "checkpoints")
+        path = Path(dirpath) / f"{reason}-step={trainer.global_step}.ckpt"
+        try:
+            trainer.save_checkpoint(path)
+        except Exception as err:  # the fit is ending anyway: say so, do not hide the original error
+            log.error("[lhr] %s: saving %s failed: %r", reason, path, err)
+            return
+        rank_zero_info(f"[lhr] {reason}: checkpoint saved to {path} (resume with ckpt_path)")
+
+    def _supervise(self, *, probe: bool) -> None:
+        """Replace failed replicas (rank 0); with none left and none starting, save a checkpoint and stop."""
+        rt = self._runtime
+        try:
+            rt.supervise(self._trainer_side.weights, self.param_version, probe=probe)
+        except ReplicaFailureError:
+            if self._trainer is not None:
+                self._save_checkpoint(self._trainer, "replica-failure")
+            raise
+        if rt.colocated_fallback and not self._fallback_warned:
+            self._fallback_warned = True
+            rank_zero_warn(
+                "[lhr] every standalone replica is gone: generating on the hybrid replicas at every step (colocated) "
+                "until a replacement joins"
+            )
 
     @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._shutdown()
 
     def _shutdown(self) -> None:
+        self._trainer_side.weights = None
         try:
             if self._runtime is not None:
                 runtime, self._runtime = self._runtime, None
@@ -405,6 +450,9 @@ class HybridRolloutCallback(Callback):
 
         def wait_for_samples(n: int) -> None:
             rt = self._runtime
+            if rt.colocated_fallback:  # nothing generates once they sleep: wait for the cycle's batches
+                a = self.async_training
+                n = max(n, min(a.max_required_samples, a.required_samples * a.trigger_parameter_sync_step))
             t0, put0 = self._clock(), rt.samples_put()
             self._wait_queue(n)
             wait["s"] = self._clock() - t0
@@ -432,8 +480,16 @@ class HybridRolloutCallback(Callback):
     def _wait_queue(self, n: int) -> None:
         rt = self._runtime
         deadline = self._clock() + self.async_training.wait_timeout_s
+        probed = self._clock()
         while not rt.wait_for_samples(n, timeout=1.0):
             rt.check_health()
+            trainer = self._trainer
+            if trainer is not None and trainer.received_sigterm:
+                raise SIGTERMException()  # Lightning checks only between steps; this wait can be long
+            probe = self._clock() - probed >= HEALTH_PROBE_EVERY_S
+            if probe:
+                probed = self._clock()
+            self._supervise(probe=probe)
             if self._clock() > deadline:
                 raise TimeoutError(
                     f"waited {self.async_training.wait_timeout_s:.0f}s for {n} samples, the queue holds "
@@ -494,6 +550,7 @@ class HybridRolloutCallback(Callback):
             self.call_log.append("sync_standalone")
             stats = self._runtime.new_param_version(self.param_version)
             self.cycles_done += 1
+            self._supervise(probe=True)
             end = self._after_sync(trainer, global_steps=self.cycles_done, prepared=prepared)
             ranks.close()
             self._end_step(trainer)
@@ -501,7 +558,6 @@ class HybridRolloutCallback(Callback):
         else:
             self.cycles_done += 1
             ranks.follow()
-        self._trainer_side.weights = None
 
     def _end_step(self, trainer: Trainer) -> None:
         """The step's wall times (rank 0; ``docs/metrics.md``): at a cycle's first step, allocated from asking for the
@@ -529,6 +585,10 @@ class HybridRolloutCallback(Callback):
             self._runtime.take_role_window()
         if prepared:
             self._overlap.finish(self._controller, self._runtime, end, self.cycles_done)
+        if self._runtime.colocated_fallback and not self._controller.is_hybrid_active:
+            # no standalone replica left: the hybrid replicas are the only ones that can generate
+            forced_s = self._controller.activate(global_steps)
+            end = dataclasses.replace(end, activated=True, activate_duration_s=forced_s)
         if end.activated:
             t_sw = self._clock() - end.activate_duration_s
             self._runtime.trace_phase("switching", t_sw, t_sw + end.activate_duration_s, op="activate")

@@ -141,6 +141,7 @@ class CycleReport:
             switch_events: The callback's switch events (``{"kind": "activate" | "deactivate", ...}``).
         """
         values = self.ledger.close(end)
+        values[M.REPLICA_RESTARTS] = float(self.runtime.replica_restarts())
         for logger in trainer.loggers:
             logger.log_metrics(values, step=trainer.fit_loop.epoch_loop._batches_that_stepped)
         for name in (M.MQ_SIZE, M.HYBRID_ACTIVE, M.RESOURCE_UTILIZATION):

@@ -9,12 +9,17 @@ holds the timings of an ``overlap_sync`` preparation.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from lightning_hybrid_rollout.errors import is_replica_dead_error
+
 __all__ = ["HybridReplicaPool", "NoTrainer", "OverlapReport", "TrainerLink"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -123,10 +128,21 @@ class HybridReplicaPool:
         return [r.replica_id for r in self._rt.hybrid]
 
     def _all(self, make: Callable[[Any], Coroutine[Any, Any, Any]]) -> list[Any]:
-        async def run() -> list[Any]:
-            return list(await asyncio.gather(*(make(r) for r in self.replicas)))
+        """``make(replica)`` on every hybrid replica at once. A replica whose actor died is skipped (the runtime's
+        ``supervise`` replaces it); any other error is raised."""
+        return self._rt.loop.run(self._all_async(make))
 
-        return self._rt.loop.run(run())
+    async def _all_async(self, make: Callable[[Any], Coroutine[Any, Any, Any]]) -> list[Any]:
+        replicas = list(self.replicas)
+        got = await asyncio.gather(*(make(r) for r in replicas), return_exceptions=True)
+        errors = [g for g in got if isinstance(g, BaseException)]
+        for replica, g in zip(replicas, got, strict=True):
+            if isinstance(g, BaseException) and is_replica_dead_error(g):
+                log.warning("hybrid replica %s is dead; the others go on (it is replaced)", replica.replica_id)
+        fatal = [e for e in errors if not is_replica_dead_error(e)]
+        if fatal:
+            raise fatal[0]
+        return [g for g in got if not isinstance(g, BaseException)]
 
     def wake_up_replicas(self) -> None:
         if self.awake:  # prepared under the standalone sync (overlap_sync)
@@ -161,7 +177,7 @@ class HybridReplicaPool:
         """
         self.calls.append("wake_up_replicas (overlapped)")
         self._rt.set_state(self.ids, "switching")
-        await asyncio.gather(*(r.wake_up() for r in self.replicas))
+        await self._all_async(lambda r: r.wake_up())
         self.awake = True
         woken_s = time.monotonic()
         self.calls.append("sync_weights (overlapped)")

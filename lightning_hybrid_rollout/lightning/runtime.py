@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from lightning_hybrid_rollout.config import AsyncTrainingConfig, RolloutConfig
+from lightning_hybrid_rollout.errors import ReplicaFailureError, WeightSyncError
 from lightning_hybrid_rollout.lightning.hybrid_pool import HybridReplicaPool, NoTrainer, OverlapReport, TrainerLink
-from lightning_hybrid_rollout.lightning.placement import pin_trainer_process, plan_cpu_placement, replica_specs
+from lightning_hybrid_rollout.lightning.placement import pin_trainer_process, place_replicas, plan_cpu_placement
 from lightning_hybrid_rollout.rollout.engine import SamplingSpec
 from lightning_hybrid_rollout.rollout.event_loop import EventLoopThread
 from lightning_hybrid_rollout.rollout.message_queue import MessageQueue
@@ -102,6 +103,20 @@ class RuntimeQueries:
         """The cycle's per-role production, starting a new window."""
         return self.rollouter.take_role_window()
 
+    # replica failures: none in a test double (RolloutRuntime replaces failed replicas)
+
+    @property
+    def colocated_fallback(self) -> bool:
+        """Every standalone replica is gone and only the hybrid ones can generate."""
+        return False
+
+    def supervise(self, weights: list[tuple[str, Any]] | None, version: int, *, probe: bool) -> None:
+        """Find failed replicas and replace them (see :meth:`RolloutRuntime.supervise`)."""
+
+    def replica_restarts(self) -> int:
+        """Replicas replaced since the run began."""
+        return 0
+
 
 class RolloutRuntime(RuntimeQueries):
     """Ray + standalone/hybrid vLLM replicas + message queue + rollouter for one training run.
@@ -144,6 +159,9 @@ class RolloutRuntime(RuntimeQueries):
         self.last_sync_report: Any = None
         self.standalone_sync_reports: list[Any] = []
         self.last_hybrid_sync_report: Any = None
+        #: Finds failed replicas and starts their replacements (built at start).
+        self.supervisor: Any = None
+        self._joining: list[Any] = []  # replacements that are up, waiting for weights of the current version
         self._trace: Any = None
         if trace:
             try:
@@ -186,10 +204,21 @@ class RolloutRuntime(RuntimeQueries):
         t0 = time.monotonic()
         self.ray = RayRuntime(address=r.ray_address).start()
         s_cores, h_cores = plan_cpu_placement(r.standalone_replicas, r.hybrid_replicas, r.cpus_per_replica)
-        specs = replica_specs(r, self._engine_config(), s_cores, h_cores)
+        # by role: standalone replicas on the nodes advertising rollout.standalone_resource, hybrid ones on their
+        # trainer ranks' nodes (``hybrid_node_ips``: each rank's node address when the trainer spans several nodes;
+        # None: this node); a replica the cluster cannot place is refused here, before anything is launched
+        hybrid_node_ips = getattr(self, "hybrid_node_ips", None)
+        specs = place_replicas(r, self._engine_config(), s_cores, h_cores, hybrid_node_ips)
         if r.gpus_per_replica == 0 and r.pin_trainer:
             pin_trainer_process(sorted({c for cores in h_cores for c in cores}))
         handles = self.ray.start_replicas(specs)
+        from lightning_hybrid_rollout.rollout.replica_supervisor import ReplicaSupervisor
+
+        self.supervisor = ReplicaSupervisor(
+            self._start_replacement,
+            health_timeout_s=r.replica_health_timeout_s,
+            max_restarts=r.max_replica_restarts,
+        )
         self.standalone = [h for h in handles if h.role == "standalone"]
         self.hybrid = [h for h in handles if h.role == "hybrid"]
         if self.hybrid:
@@ -236,6 +265,8 @@ class RolloutRuntime(RuntimeQueries):
 
     def stop(self) -> None:
         """Stop the rollouter, the replicas and Ray (no leftover processes), and close the trace."""
+        if self.supervisor is not None and self.loop.is_alive:
+            self.loop.call(self.supervisor.cancel)
         try:
             if self.rollouter is not None and self.rollouter.is_running:
                 self.rollouter.stop()
@@ -252,6 +283,95 @@ class RolloutRuntime(RuntimeQueries):
         err = self.rollouter.error if self.rollouter is not None else None
         if err is not None:
             raise RuntimeError(f"the rollouter stopped with an error: {err}") from err
+
+    # ---------------------------------------------------------------------------------------------- failures
+
+    async def _start_replacement(self, spec: Any) -> Any:
+        """One replacement replica, up (a hybrid one parked, like at the start); tracked for the shutdown."""
+        (handle,) = await self.ray.start_replicas_async([spec])
+        if handle.role == "hybrid":
+            await handle.sleep()
+        return handle
+
+    @property
+    def colocated_fallback(self) -> bool:
+        """Every standalone replica is gone (replacements not joined yet, or given up): only the hybrid ones can
+        generate, so they must be lent at every sync (the callback forces the activation)."""
+        return self.rollout.standalone_replicas > 0 and not self.standalone and bool(self.hybrid)
+
+    def replica_restarts(self) -> int:
+        """Replicas replaced since the run began (``dynamic_resource/replica_restarts``)."""
+        return self.supervisor.restarts if self.supervisor is not None else 0
+
+    def supervise(self, weights: list[tuple[str, Any]] | None, version: int, *, probe: bool) -> None:
+        """Find failed replicas, start their replacements, and let each replacement that is up join.
+
+        A failed replica leaves the runtime's lists (the load balancer already routes around a dead handle; its
+        in-flight samples continue elsewhere from their prefix). A replacement joins only after it holds
+        ``weights`` (verified by checksum): a standalone one then takes requests; a hybrid one joins the pool
+        parked (the next activation wakes and syncs it), or awake and routable when the pool is active.
+
+        Args:
+            weights: The trainer's full weights of ``version`` (``None`` before the first gather: the replacement's
+                weights from disk are version 0).
+            version: The current parameter version.
+            probe: Also ask each live replica for its health (``rollout.replica_health_timeout_s``); without it only
+                replicas already known dead are handled (cheap: no call).
+
+        Raises:
+            ReplicaFailureError: No replica is left and none is starting.
+        """
+        sup = self.supervisor
+        if sup is None:
+            return
+        failed = self.loop.run(sup.find_failed([*self.standalone, *self.hybrid], probe=probe))
+        for replica, why in failed:
+            for role_list in (self.standalone, self.hybrid):
+                if replica in role_list:
+                    role_list.remove(replica)
+            self.set_state([replica.replica_id], "restarting")
+            self.loop.call(lambda r=replica, w=why: sup.replace(r, w))
+        self._joining.extend(self.loop.call(sup.take_ready))
+        joining, self._joining = self._joining, []
+        for replica in joining:
+            self._join(replica, weights, version)
+        if not (self.standalone or self.hybrid or sup.starting or self._joining):
+            lines = "; ".join(f"{e.replica_id} {e.kind}: {e.detail}" for e in sup.events[-6:])
+            raise ReplicaFailureError(
+                f"no rollout replica is left and none could be started (rollout.max_replica_restarts="
+                f"{sup.max_restarts}); last events: {lines}. Check the replicas' logs under {self.run_dir}, then "
+                "resume from the checkpoint."
+            )
+
+    def _join(self, replica: Any, weights: list[tuple[str, Any]] | None, version: int) -> None:
+        sup = self.supervisor
+        rid = replica.replica_id
+        try:
+            if replica.role == "standalone" or self.pool.awake:
+                if replica.role == "hybrid":
+                    self.loop.run(replica.wake_up())
+                if weights:
+                    self.loop.run(self.push_async(weights, [replica], version))  # raises unless verified
+                elif version != 0:
+                    self._joining.append(replica)  # no weights of this version here: the next boundary's
+                    return
+        except Exception as err:
+            failure = err
+            self.loop.call(lambda: sup.failed_to_join(replica, failure))
+            return
+        if replica.role == "standalone":
+            self.standalone.append(replica)
+            if self.rollouter is not None:
+                self.rollouter.add_replicas([replica])
+            self.set_state([rid], "active")
+        else:
+            self.hybrid.append(replica)
+            if self.pool.registered and self.rollouter is not None:
+                self.rollouter.add_replicas([replica])
+            self.set_state([rid], "active" if self.pool.registered else "parked")
+        sup.joined(replica)
+        if self._trace is not None:  # the slot's "restarting" span ends here; the counter marks the join
+            self._trace.counter("replica_restarts", self._ts(time.monotonic()), sup.restarts)
 
     # ------------------------------------------------------------------------------------------------ data
 
@@ -288,7 +408,15 @@ class RolloutRuntime(RuntimeQueries):
         if not replicas or not weights:
             return None, 0.0
         t0 = time.monotonic()
-        report = await push_weights_async(weights, list(replicas), version, **options)
+        try:
+            report = await push_weights_async(weights, list(replicas), version, **options)
+        except WeightSyncError as err:
+            dead = {r.replica_id for r in replicas if not r.is_alive}
+            if not dead or set(err.failures) - dead or err.report is None:
+                raise
+            # the replicas that died under the push leave at the next supervise(); the others hold `version`
+            log.warning("weight sync v%d: replica(s) %s died during the push; the others took it", version, dead)
+            report = err.report
         return report, time.monotonic() - t0
 
     def push(self, weights: list[tuple[str, Any]], replicas: Sequence[Any], version: int) -> float:

@@ -75,7 +75,8 @@ class TrainerSide:
         self._call_log = call_log
         self._weight_version = weight_version
         self._protocol: BoundaryProtocol | None = None
-        #: The cycle's full weights on rank 0 (gathered at the cycle end; None elsewhere and between cycles).
+        #: The cycle's full weights on rank 0 (gathered at the cycle end, kept until the next gather: a replacement
+        #: replica takes them mid-cycle; None on other ranks).
         self.weights: list[tuple[str, torch.Tensor]] | None = None
         #: Seconds of the last offload and the last onload of this rank's training state.
         self.last_offload_s = self.last_onload_s = 0.0
@@ -120,6 +121,7 @@ class TrainerSide:
     def gather_weights(self, trainer: Trainer) -> None:
         """Full, unsharded weights of the policy model into :attr:`weights` on rank 0 (collective: every rank)."""
         strategy = trainer.strategy
+        self.weights = None  # the previous cycle's (kept for a replacement replica): released before the gather
         items: list[tuple[str, torch.Tensor]] = []
         if hasattr(strategy, "iter_full_weights"):
             for bucket in strategy.iter_full_weights(rank_zero_only=True):  # weights.format.DEFAULT_BUCKET_BYTES

@@ -20,6 +20,7 @@ __all__ = [
     "HYBRID_SYNC_SKIPPED_TOTAL",
     "METRIC_NAMES",
     "MQ_SIZE",
+    "REPLICA_RESTARTS",
     "RESOURCE_UTILIZATION",
     "ROLLOUT_RESOURCE_UTILIZATION",
     "SEED_METRIC_NAMES",
@@ -76,6 +77,8 @@ HYBRID_SYNC_SKIPPED_TOTAL = "dynamic_resource/hybrid_sync_skipped_total"
 """Ours: 1 when the policy kept hybrid replicas asleep so their weight sync was skipped, else 0."""
 HYBRID_ACTIVE = "dynamic_resource/hybrid_active"
 """Ours: 1 while hybrid replicas serve rollout (HYBRID_ACTIVE state), 0 in STANDALONE_ONLY."""
+REPLICA_RESTARTS = "dynamic_resource/replica_restarts"
+"""Ours: replicas replaced since the run began (a replacement counts once it holds the current weights)."""
 
 SEED_METRIC_NAMES: tuple[str, ...] = (
     TRAIN_RESOURCE_UTILIZATION,
@@ -96,8 +99,10 @@ METRIC_NAMES: tuple[str, ...] = (
     HYBRID_SYNC_SKIPPED,
     HYBRID_SYNC_SKIPPED_TOTAL,
     HYBRID_ACTIVE,
+    REPLICA_RESTARTS,
 )
-"""Every metric name this package emits."""
+"""Every metric name this package emits (``REPLICA_RESTARTS`` by the runtime only: the simulator's replicas never
+fail)."""
 
 TRAIN_COMPUTE_TIMING_KEYS: tuple[str, ...] = (
     "reward",
