@@ -227,12 +227,13 @@ class RolloutRuntime(RuntimeQueries):
         self.set_state([h.replica_id for h in self.standalone], "active")
         self.set_state([h.replica_id for h in self.hybrid], "parked")
         log.info(
-            "rollout runtime up in %.1fs: %d standalone (cores %s), %d hybrid (cores %s)",
+            "rollout runtime up in %.1fs: %d standalone (cores %s), %d hybrid (cores %s); actor pids %s",
             time.monotonic() - t0,
             len(self.standalone),
             s_cores,
             len(self.hybrid),
             h_cores,
+            ", ".join(f"{h.replica_id}={h.info.get('frontend_pid')}" for h in handles),
         )
         a = self.async_training
         w = self.workload

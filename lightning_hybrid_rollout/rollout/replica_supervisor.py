@@ -180,9 +180,10 @@ class ReplicaSupervisor:
         self.restarts += 1
         self._event(replica.replica_id, "restarted", f"generation {replica.spec.generation}")
         log.warning(
-            "replica %s: replacement generation %d joined (replica_restarts=%d)",
+            "replica %s: replacement generation %d joined (actor pid %s; replica_restarts=%d)",
             replica.replica_id,
             replica.spec.generation,
+            replica.info.get("frontend_pid"),
             self.restarts,
         )
 

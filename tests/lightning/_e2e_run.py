@@ -4,11 +4,13 @@ Run as ``python _e2e_run.py SPEC.json`` (a subprocess per run keeps Ray, engine 
 out of the pytest process). Spec keys: ``out`` (report path), ``root`` (run dir), ``model_dir``, ``max_steps``,
 ``policy``, ``standalone``, ``hybrid``, ``only_hybrid``, ``strategy``, ``devices``, ``ckpt_path``,
 ``save_every``, ``wandb``, ``trigger``, ``mini_batch``, ``n``,
-``overlap_sync``, ``early_first_sync``, ``staged``, ``enable_rebalance``, ``staleness``, ``ratio``.
+``overlap_sync``, ``early_first_sync``, ``staged``, ``enable_rebalance``, ``staleness``, ``ratio``, ``kill``
+(``[{"step": 3, "replica": "hybrid-0"}, ...]``: ``kill -9`` that replica's actor at the end of that step).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -25,11 +27,25 @@ from lightning_hybrid_rollout.lightning.data import RolloutDataModule
 from lightning_hybrid_rollout.lightning.module import GRPOModule
 
 
+def kill_replica(replica_id: str) -> dict[str, Any]:
+    """``kill -9`` the live actor process of a replica, found by its name in Ray's actor table (GCS)."""
+    import signal
+
+    from ray._private import state
+
+    for info in state.actors().values():
+        if info["State"] == "ALIVE" and str(info["Name"]).startswith(f"lhr-replica-{replica_id}"):
+            os.kill(info["Pid"], signal.SIGKILL)
+            return {"replica": replica_id, "name": info["Name"], "pid": info["Pid"]}
+    raise AssertionError(f"no live actor for replica {replica_id}")
+
+
 class Recorder(Callback):
     """Snapshots what the tests assert on (rank 0)."""
 
-    def __init__(self, hybrid_cb: HybridRolloutCallback) -> None:
+    def __init__(self, hybrid_cb: HybridRolloutCallback, kills: list[dict[str, Any]] | None = None) -> None:
         self.cb = hybrid_cb
+        self.kills = list(kills or [])
         self.report: dict[str, Any] = {"routed": [], "restored": None, "active": []}
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -38,6 +54,7 @@ class Recorder(Callback):
         rt = self.cb.runtime
         self.report["pool_calls"] = rt.pool.calls  # the pool's own list: still readable after the runtime stopped
         self._standalone_reports = rt.standalone_sync_reports  # likewise
+        self.supervisor_events = rt.supervisor.events  # likewise
         self.report["restored"] = {
             "param_version": self.cb.param_version,
             "cycles_done": self.cb.cycles_done,
@@ -50,6 +67,9 @@ class Recorder(Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         if not trainer.is_global_zero:
             return
+        for kill in self.kills:
+            if kill["step"] == trainer.global_step:
+                self.report.setdefault("killed", []).append(kill_replica(kill["replica"]))
         lb = self.cb.runtime.rollouter.load_balancer
         self.report["routed"].append({"step": trainer.global_step, **lb.routed_counts()})
         self.report["active"].append(self.cb.controller.is_hybrid_active)
@@ -100,7 +120,7 @@ def main(spec_path: str) -> None:
         build_model=True,
         run_dir=str(root),
     )
-    recorder = Recorder(hybrid_cb)
+    recorder = Recorder(hybrid_cb, spec.get("kill"))
     loggers: list[Any] = [CSVLogger(save_dir=str(root), name="", version="")]
     if spec.get("wandb"):
         from lightning.pytorch.loggers import WandbLogger
@@ -135,6 +155,7 @@ def main(spec_path: str) -> None:
                 for r in recorder._standalone_reports
             ],
             param_version=hybrid_cb.param_version,
+            replica_events=[dataclasses.asdict(e) for e in recorder.supervisor_events],
             hybrid_sync_skipped=hybrid_cb.hybrid_sync_skipped,
             global_step=trainer.global_step,
             world_size=trainer.world_size,

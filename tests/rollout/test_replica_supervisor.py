@@ -1,0 +1,157 @@
+"""ReplicaSupervisor on fake replicas: which replicas count as failed, and how replacements start, join or are given up.
+
+The end-to-end proof with real engines killed by ``kill -9`` is ``tests/lightning/test_replica_failures.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import pytest
+
+from lightning_hybrid_rollout.errors import ReplicaDeadError
+from lightning_hybrid_rollout.rollout.replica_supervisor import ReplicaSupervisor
+
+
+@dataclasses.dataclass
+class Spec:
+    replica_id: str
+    role: str = "standalone"
+    cpu_ids: tuple[int, ...] = (1,)
+    generation: int = 0
+
+
+class FakeReplica:
+    def __init__(self, spec: Spec, health: str = "ok") -> None:
+        self.spec = spec
+        self.replica_id = spec.replica_id
+        self.role = spec.role
+        self.health_mode = health
+        self.killed = False
+        self.info: dict[str, Any] = {"frontend_pid": 1}
+
+    @property
+    def is_alive(self) -> bool:
+        return not self.killed and self.health_mode != "dead-known"
+
+    async def health(self) -> dict[str, Any]:
+        if self.health_mode == "hang":
+            await asyncio.sleep(60)
+        if self.health_mode == "dead":
+            raise ReplicaDeadError(self.replica_id, "actor died")
+        if self.health_mode == "broken":
+            raise RuntimeError("EngineDeadError: engine core exited")
+        return {}
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_find_failed_names_dead_hung_and_broken_replicas_and_kills_the_hung_and_broken_ones() -> None:
+    sup = ReplicaSupervisor(lambda spec: asyncio.sleep(0), health_timeout_s=0.05)
+    ok, known, dead, hung, broken = (
+        FakeReplica(Spec("s-0")),
+        FakeReplica(Spec("s-1"), "dead-known"),
+        FakeReplica(Spec("s-2"), "dead"),
+        FakeReplica(Spec("s-3"), "hang"),
+        FakeReplica(Spec("s-4"), "broken"),
+    )
+
+    async def go() -> tuple[list[Any], list[Any]]:
+        quick = await sup.find_failed([ok, known, dead, hung, broken], probe=False)
+        probed = await sup.find_failed([ok, known, dead, hung, broken], probe=True)
+        return quick, probed
+
+    quick, probed = run(go())
+    assert [r.replica_id for r, _ in quick] == ["s-1"]  # without a probe only what is already known
+    why = {r.replica_id: w for r, w in probed}
+    assert set(why) == {"s-1", "s-2", "s-3", "s-4"}
+    assert "no health answer within 0.05s" in why["s-3"] and hung.killed
+    assert "EngineDeadError" in why["s-4"] and broken.killed
+    assert not ok.killed
+
+
+def test_a_replacement_keeps_the_spec_counts_its_generation_and_joins_once_up() -> None:
+    started: list[Spec] = []
+
+    async def start(spec: Spec) -> FakeReplica:
+        started.append(spec)
+        return FakeReplica(spec)
+
+    async def go() -> list[Any]:
+        sup = ReplicaSupervisor(start, max_restarts=2)
+        dead = FakeReplica(Spec("hybrid-0", role="hybrid", cpu_ids=(0,)))
+        sup.replace(dead, "its actor died")
+        assert dead.killed and sup.starting == ["hybrid-0"]
+        sup.replace(dead, "its actor died")  # already starting: nothing more
+        await sup.wait_any(1.0)
+        ready = sup.take_ready()
+        for r in ready:
+            sup.joined(r)
+        assert sup.restarts == 1 and sup.starting == []
+        return ready
+
+    ready = run(go())
+    assert len(started) == 1
+    assert started[0] == Spec("hybrid-0", role="hybrid", cpu_ids=(0,), generation=1)
+    assert [r.spec.generation for r in ready] == [1]
+
+
+def test_failed_starts_are_retried_then_the_slot_is_abandoned() -> None:
+    attempts: list[int] = []
+
+    async def start(spec: Spec) -> FakeReplica:
+        attempts.append(spec.generation)
+        raise RuntimeError("no CPU left")
+
+    async def go() -> ReplicaSupervisor:
+        sup = ReplicaSupervisor(start, max_restarts=2)
+        sup.replace(FakeReplica(Spec("standalone-0")), "its actor died")
+        for _ in range(5):
+            await sup.wait_any(1.0)
+            assert sup.take_ready() == []
+        return sup
+
+    sup = run(go())
+    assert attempts == [1, 2]  # each try a new actor generation, max_restarts tries in a row
+    assert sup.abandoned == {"standalone-0"} and sup.starting == [] and sup.restarts == 0
+    kinds = [e.kind for e in sup.events]
+    assert kinds == ["dead", "restarting", "start_failed", "restarting", "start_failed", "abandoned"]
+
+
+def test_a_replacement_whose_weight_sync_fails_is_killed_and_tried_again() -> None:
+    async def start(spec: Spec) -> FakeReplica:
+        return FakeReplica(spec)
+
+    async def go() -> ReplicaSupervisor:
+        sup = ReplicaSupervisor(start, max_restarts=3)
+        sup.replace(FakeReplica(Spec("standalone-0")), "its actor died")
+        await sup.wait_any(1.0)
+        (first,) = sup.take_ready()
+        sup.failed_to_join(first, RuntimeError("checksum mismatch"))
+        assert first.killed
+        await sup.wait_any(1.0)
+        (second,) = sup.take_ready()
+        assert second.spec.generation == 2
+        sup.joined(second)
+        return sup
+
+    sup = run(go())
+    assert sup.restarts == 1
+
+
+@pytest.mark.parametrize("max_restarts", [0])
+def test_max_restarts_zero_never_replaces(max_restarts: int) -> None:
+    async def go() -> ReplicaSupervisor:
+        sup = ReplicaSupervisor(lambda spec: asyncio.sleep(0), max_restarts=max_restarts)
+        sup.replace(FakeReplica(Spec("standalone-0")), "its actor died")
+        return sup
+
+    sup = run(go())
+    assert sup.abandoned == {"standalone-0"} and sup.starting == []
