@@ -1,16 +1,23 @@
-"""CPU placement of one run (DESIGN §6): which cores the replicas and the trainer get.
+"""Placement of one run: which Ray node each replica goes to, by role, and on CPU which cores (DESIGN §6).
 
-Hybrid replica ``i`` is pinned to core ``i`` (the trainer's cores: the trainer is idle while a hybrid replica
-generates, and the replica is parked while the trainer trains); standalone replicas are pinned to the remaining
-cores, from the last one down.
+Nodes (:func:`place_replicas`): standalone replicas go only to the nodes advertising the Ray resource
+``RolloutConfig.standalone_resource`` (one unit each, e.g. ``ray start --resources='{"lhr_rollout": 8}'``; ``None``:
+anywhere); hybrid replica ``i`` belongs to trainer rank ``i`` and is pinned to that rank's node by hard node
+affinity (the driver's node unless each rank's node address is given), on GPU to the rank's own device. A replica
+the cluster can never place that way is refused before anything is launched (:func:`check_placement`).
+
+Cores (:func:`plan_cpu_placement`): hybrid replica ``i`` is pinned to core ``i`` (the trainer's cores: the trainer
+is idle while a hybrid replica generates, and the replica is parked while the trainer trains); standalone replicas
+are pinned to the remaining cores, from the last one down.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from lightning_hybrid_rollout.config import RolloutConfig
@@ -19,7 +26,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["pin_trainer_process", "plan_cpu_placement", "replica_specs"]
+__all__ = [
+    "check_placement",
+    "hybrid_cuda_devices",
+    "hybrid_node_ids",
+    "pin_trainer_process",
+    "place_replicas",
+    "plan_cpu_placement",
+    "replica_specs",
+]
 
 
 def _cpu_cores() -> list[int]:
@@ -61,19 +76,33 @@ def plan_cpu_placement(
 
 
 def replica_specs(
-    rollout: RolloutConfig, engine: VLLMEngineConfig, s_cores: list[list[int]], h_cores: list[list[int]]
+    rollout: RolloutConfig,
+    engine: VLLMEngineConfig,
+    s_cores: list[list[int]],
+    h_cores: list[list[int]],
+    hybrid_node_ids: Sequence[str] | None = None,
 ) -> list[ReplicaSpec]:
     """How to start each replica of the run: the standalone ones, then the hybrid ones.
 
+    Where each may run is part of its spec, so a replacement launched from the same spec lands under the same
+    constraints: a standalone replica asks for one unit of ``rollout.standalone_resource`` (when set), hybrid
+    replica ``i`` (trainer rank ``i``'s) is pinned to ``hybrid_node_ids[i]`` by hard node affinity and, on GPU,
+    sees the rank's node-local device (:func:`hybrid_cuda_devices`).
+
     Args:
-        rollout: The rollout section (counts, CPUs/GPUs per replica).
+        rollout: The rollout section (counts, CPUs/GPUs per replica, ``standalone_resource``).
         engine: The engines' settings.
         s_cores: Cores of each standalone replica (:func:`plan_cpu_placement`).
         h_cores: Cores of each hybrid replica.
+        hybrid_node_ids: Ray node id of each hybrid replica (:func:`hybrid_node_ids`); ``None``: no node affinity.
     """
     from lightning_hybrid_rollout.rollout.replica import ReplicaSpec
 
     r = rollout
+    if hybrid_node_ids is not None and len(hybrid_node_ids) < r.hybrid_replicas:
+        raise ValueError(f"replica_specs: {len(hybrid_node_ids)} node ids for {r.hybrid_replicas} hybrid replicas")
+    resources = {r.standalone_resource: 1.0} if r.standalone_resource else {}
+    devices = hybrid_cuda_devices(hybrid_node_ids, r.hybrid_replicas, r.gpus_per_replica)
     return [
         ReplicaSpec(
             replica_id=f"standalone-{j}",
@@ -83,6 +112,7 @@ def replica_specs(
             cpu_ids=s_cores[j],
             index=j,
             gpus=r.gpus_per_replica,
+            resources=dict(resources),
         )
         for j in range(r.standalone_replicas)
     ] + [
@@ -94,9 +124,197 @@ def replica_specs(
             cpu_ids=h_cores[i],
             index=i,
             gpus=r.gpus_per_replica,
+            node_id=hybrid_node_ids[i] if hybrid_node_ids is not None else None,
+            cuda_devices=devices[i],
         )
         for i in range(r.hybrid_replicas)
     ]
+
+
+def hybrid_cuda_devices(node_ids: Sequence[str] | None, count: int, gpus_per_replica: float) -> list[list[int] | None]:
+    """GPU only: the node-local devices of each hybrid replica, its trainer rank's own.
+
+    Hybrid replica ``i`` belongs to trainer rank ``i``; its local index is the number of earlier ranks on the same
+    node (Lightning's ``LOCAL_RANK`` when ranks are numbered node by node), and it sees devices
+    ``local * g .. local * g + g - 1`` with ``g = ceil(gpus_per_replica)`` (a fraction shares the rank's device).
+    On CPU (``gpus_per_replica == 0``) every entry is ``None`` (Ray's choice; nothing to pick).
+
+    Example::
+
+        >>> hybrid_cuda_devices(["a", "a", "b"], 3, 0.5)
+        [[0], [1], [0]]
+    """
+    if gpus_per_replica <= 0:
+        return [None] * count
+    g = max(1, math.ceil(gpus_per_replica))
+    seen: dict[str, int] = {}
+    out: list[list[int] | None] = []
+    for i in range(count):
+        node = node_ids[i] if node_ids is not None else ""
+        local = seen.get(node, 0)
+        seen[node] = local + 1
+        out.append(list(range(local * g, local * g + g)))
+    return out
+
+
+def hybrid_node_ids(
+    count: int, nodes: Sequence[Mapping[str, Any]], driver_node_id: str, hybrid_node_ips: Sequence[str] | None = None
+) -> list[str]:
+    """The Ray node of each hybrid replica: its trainer rank's node.
+
+    Args:
+        count: Hybrid replicas (replica ``i`` belongs to trainer rank ``i``).
+        nodes: The cluster's nodes as ``ray.nodes()`` returns them (``NodeID``, ``NodeManagerAddress``,
+            ``Alive``).
+        driver_node_id: The node this process (trainer rank 0, the Ray driver) runs on.
+        hybrid_node_ips: The address of each trainer rank's node, rank by rank; ``None``: every hybrid replica on
+            the driver's node (a single-node trainer). An address several alive nodes share (several raylets on one
+            machine) resolves to the driver's node if it is one of them, else to the first by node id.
+
+    Raises:
+        ConfigError: Fewer addresses than hybrid replicas, or an address no alive node of the cluster has.
+    """
+    from lightning_hybrid_rollout.errors import ConfigError
+
+    if hybrid_node_ips is None:
+        return [driver_node_id] * count
+    if len(hybrid_node_ips) < count:
+        raise ConfigError(
+            f"hybrid placement: {len(hybrid_node_ips)} trainer node addresses for {count} hybrid replicas "
+            "(one per trainer rank)"
+        )
+    by_ip: dict[str, list[str]] = {}
+    for n in nodes:
+        if n.get("Alive"):
+            by_ip.setdefault(str(n.get("NodeManagerAddress")), []).append(str(n.get("NodeID")))
+    out = []
+    for rank, ip in enumerate(hybrid_node_ips[:count]):
+        ids = sorted(by_ip.get(ip, []))
+        if not ids:
+            raise ConfigError(
+                f"hybrid placement: trainer rank {rank}'s node {ip} is not in the Ray cluster (alive nodes: "
+                f"{', '.join(sorted(by_ip)) or 'none'}); join it with `ray start --address=<head>:6379` on that node"
+            )
+        out.append(driver_node_id if driver_node_id in ids else ids[0])
+    return out
+
+
+def check_placement(specs: Sequence[ReplicaSpec], nodes: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse, before anything is launched, replicas the cluster can never place as asked.
+
+    Ray would otherwise keep such an actor pending (an infeasible request) until the start times out. Checked
+    against each alive node's total resources (``ray.nodes()``): the units of each custom resource the standalone
+    replicas ask for; that the nodes advertising it have the CPUs/GPUs for them; that each hybrid replica's node is
+    alive and has the CPUs/GPUs for the hybrid replicas pinned to it.
+
+    Args:
+        specs: The run's replicas (:func:`replica_specs`).
+        nodes: The cluster's nodes as ``ray.nodes()`` returns them.
+
+    Raises:
+        ConfigError: One line per problem: what is missing and how to fix it.
+    """
+    from lightning_hybrid_rollout.errors import ConfigError
+
+    alive = {str(n.get("NodeID")): dict(n.get("Resources") or {}) for n in nodes if n.get("Alive")}
+    problems: list[str] = []
+    asked: dict[str, list[ReplicaSpec]] = {}
+    for s in specs:
+        for name in s.resources:
+            asked.setdefault(name, []).append(s)
+    for name, group in asked.items():
+        need = sum(s.resources[name] for s in group)
+        have = sum(res.get(name, 0.0) for res in alive.values())
+        hint = (
+            f'start the rollout nodes with `ray start --address=<head>:6379 --resources=\'{{"{name}": '
+            f"{math.ceil(need)}}}'` or set rollout.standalone_resource: null"
+        )
+        if have < need:
+            problems.append(
+                f"standalone placement: {len(group)} standalone replicas need {need:g} units of the Ray resource "
+                f"{name!r} (rollout.standalone_resource) but the alive nodes advertise {have:g}; {hint}"
+            )
+            continue
+        fit = 0
+        for res in alive.values():
+            units = res.get(name, 0.0)
+            if units > 0:
+                fit += _fits(res, group[0], int(units // group[0].resources[name]))
+        if fit < len(group):
+            problems.append(
+                f"standalone placement: the nodes advertising {name!r} have room for {fit} of {len(group)} standalone "
+                f"replicas ({group[0].cpus} CPU, {group[0].gpus:g} GPU each); give them more CPUs/GPUs in `ray start`"
+            )
+    per_node: dict[str, list[ReplicaSpec]] = {}
+    for s in specs:
+        if s.node_id is not None and s.placement_group is None:
+            per_node.setdefault(s.node_id, []).append(s)
+    for node_id, group in per_node.items():
+        ids = ", ".join(s.replica_id for s in group)
+        if node_id not in alive:
+            problems.append(
+                f"hybrid placement: {ids} must run on Ray node {node_id}, which is not an alive node of the cluster; "
+                "every trainer node must join it (`ray start --address=<head>:6379`)"
+            )
+            continue
+        fit = _fits(alive[node_id], group[0], len(group))
+        if fit < len(group):
+            res = alive[node_id]
+            problems.append(
+                f"hybrid placement: node {node_id} has {res.get('CPU', 0.0):g} CPU and {res.get('GPU', 0.0):g} GPU for "
+                f"{len(group)} hybrid replicas of {group[0].cpus} CPU and {group[0].gpus:g} GPU each ({ids}); "
+                "advertise more with `ray start --num-cpus/--num-gpus` or pass each trainer rank's node"
+            )
+    if problems:
+        raise ConfigError(problems)
+
+
+def _fits(resources: Mapping[str, float], spec: ReplicaSpec, most: int) -> int:
+    """How many replicas like ``spec`` (up to ``most``) a node with these total resources can hold."""
+    fit = most
+    if spec.cpus > 0:
+        fit = min(fit, int(resources.get("CPU", 0.0) // spec.cpus))
+    if spec.gpus > 0:
+        fit = min(fit, int(resources.get("GPU", 0.0) / spec.gpus + 1e-9))
+    return max(fit, 0)
+
+
+def place_replicas(
+    rollout: RolloutConfig,
+    engine: VLLMEngineConfig,
+    s_cores: list[list[int]],
+    h_cores: list[list[int]],
+    hybrid_node_ips: Sequence[str] | None = None,
+) -> list[ReplicaSpec]:
+    """Role-aware specs of the run's replicas for the Ray cluster this process is connected to, checked.
+
+    Reads the cluster (``ray.nodes()``, this driver's node id), builds the specs (:func:`replica_specs`: standalone
+    replicas on the nodes advertising ``rollout.standalone_resource``, hybrid ones on their trainer ranks' nodes)
+    and refuses what can never be placed (:func:`check_placement`). Launches nothing.
+
+    Args:
+        rollout: The rollout section.
+        engine: The engines' settings.
+        s_cores: Cores of each standalone replica.
+        h_cores: Cores of each hybrid replica.
+        hybrid_node_ips: Each trainer rank's node address (see :func:`hybrid_node_ids`); ``None``: this node.
+
+    Raises:
+        ConfigError: A replica the cluster cannot place as asked (one line per problem, with the fix).
+    """
+    import ray
+
+    nodes = ray.nodes()
+    here = ray.get_runtime_context().get_node_id()
+    ids = hybrid_node_ids(rollout.hybrid_replicas, nodes, here, hybrid_node_ips)
+    specs = replica_specs(rollout, engine, s_cores, h_cores, hybrid_node_ids=ids)
+    check_placement(specs, nodes)
+    log.info(
+        "placement: standalone replicas on nodes advertising %s, hybrid replicas on nodes %s",
+        rollout.standalone_resource or "(any)",
+        sorted(set(ids)),
+    )
+    return specs
 
 
 def pin_trainer_process(cores: Sequence[int]) -> list[int] | None:

@@ -14,10 +14,11 @@ machine:
   inherits, a watchdog that cleans up if this process dies, even by ``kill -9``, and a sweep of dead runs at the
   next start).
 
-``RayRuntime(address="ray://head:10001")`` (or ``"auto"``) joins an existing cluster instead, so standalone replicas
-can live on other nodes; it follows that cluster's own authentication setting (``RAY_AUTH_MODE`` /
-``RAY_AUTH_TOKEN_PATH`` in the environment, see ``docs/gpu_multinode.md``), and ``shutdown()`` only kills the
-actors it started.
+``RayRuntime(address="ray://head:10001")`` (or ``"auto"``, or ``"127.0.0.1:6379"`` for a cluster whose nodes run on
+this machine's loopback) joins an existing cluster instead, so standalone replicas can live on other nodes (where
+each goes is in its spec: ``lightning/placement.py``); it follows that cluster's own authentication setting
+(``RAY_AUTH_MODE`` / ``RAY_AUTH_TOKEN_PATH`` in the environment, see ``docs/gpu_multinode.md``), and ``shutdown()``
+only kills the actors it started.
 
 ``shutdown()`` stops every replica it launched (engine first, then the actor), shuts Ray down, and waits until no
 process of this runtime remains: Ray's own processes, every process carrying the run id, and every replica's actor
@@ -124,7 +125,7 @@ class RayRuntime:
         else:
             kwargs["address"] = self.address
         try:
-            with _loopback_node_address(self.started_local):
+            with _loopback_node_address(self.started_local or _is_loopback(self.address)):
                 ctx = ray.init(**kwargs)
         except Exception as e:
             self.started_local = False
@@ -309,13 +310,23 @@ def _session_dir(ray: Any) -> str:
         return ""
 
 
+def _is_loopback(address: str | None) -> bool:
+    """Whether a cluster address to join names this machine's loopback (``127.0.0.1:6379``, ``localhost:6379``)."""
+    if not address or address in ("auto", "local") or "://" in address:
+        return False
+    host = address.rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
 @contextlib.contextmanager
 def _loopback_node_address(local: bool) -> Any:
-    """Keep a local cluster's node address at 127.0.0.1.
+    """Keep a local cluster's node address at 127.0.0.1 (or join a cluster whose nodes are on loopback).
 
     ``ray.init(_node_ip_address="127.0.0.1")`` replaces a loopback address by the machine's own one
     (``resolve_ip_for_localhost``) unless ``ray_constants.ENABLE_RAY_CLUSTER`` is false; Ray's servers then bind to
-    that address or every interface. Clearing the flag for the call keeps every server of the node on loopback.
+    that address or every interface. Clearing the flag for the call keeps every server of the node on loopback. A
+    joined address ``127.0.0.1:<port>`` is resolved the same way (to the machine's address, where a cluster whose
+    nodes listen on loopback cannot be reached), so joining one clears the flag too.
     """
     if not local:
         yield

@@ -1,8 +1,10 @@
 """A rollout replica = one :class:`~.vllm.driver.VLLMEngine` in a Ray actor, plus its driver-side handle.
 
 ``ReplicaActor`` (an async Ray actor) hosts the engine; on CPU it pins itself (every thread, so the engine-core
-process it spawns inherits the mask) to an explicit core list and asks Ray for that many CPUs; on GPU it is placed
-with a placement group bundle (written for CUDA machines, not testable on CPU).
+process it spawns inherits the mask) to an explicit core list and asks Ray for that many CPUs. Where it may run is
+part of its :class:`ReplicaSpec` (custom Ray resources for a standalone replica, hard node affinity to its trainer
+rank's node for a hybrid one, the rank's device on GPU), so a replacement launched from the same spec lands under
+the same constraints (built by ``lightning/placement.py``).
 
 :class:`ReplicaHandle` is what the load balancer, rollouter and controller hold: async methods mirroring the
 :class:`~lightning_hybrid_rollout.rollout.engine.RolloutEngine` protocol and the weight push's
@@ -104,9 +106,17 @@ class ReplicaSpec:
         gpus: Ray GPUs (``tensor_parallel_size`` on a dedicated GPU; a fraction to share the trainer's GPU).
         placement_group: Ray placement group to schedule into (GPU path).
         bundle_index: Bundle of ``placement_group``.
+        resources: Custom Ray resources the actor asks for (a standalone replica: one unit of
+            ``RolloutConfig.standalone_resource``, so Ray places it only on the nodes advertising it).
+        node_id: Ray node the actor must run on (hard node affinity; a hybrid replica: its trainer rank's node).
+            Ignored when ``placement_group`` is set.
+        cuda_devices: GPU only: the node-local device indices the actor sees (``CUDA_VISIBLE_DEVICES``; a hybrid
+            replica: its trainer rank's device). Ray still counts ``gpus`` on the node but is told not to choose the
+            devices itself. ``None``: Ray's choice.
         env: Extra environment variables for the actor.
         weight_version: Version of the weights the engine starts with.
         pin: Pin to ``cpu_ids`` (CPU only).
+        generation: 0 for the first actor of this replica; each replacement after a failure counts up.
     """
 
     replica_id: str
@@ -118,9 +128,19 @@ class ReplicaSpec:
     gpus: float = 0.0
     placement_group: Any = None
     bundle_index: int = -1
+    resources: dict[str, float] = field(default_factory=dict)
+    node_id: str | None = None
+    cuda_devices: list[int] | None = None
     env: dict[str, str] = field(default_factory=dict)
     weight_version: int = 0
     pin: bool = True
+    generation: int = 0
+
+    @property
+    def actor_name(self) -> str:
+        """The Ray actor's name: ``lhr-replica-<replica_id>``, with ``-r<generation>`` for a replacement (a dead
+        actor's name may still be taken while Ray reaps it)."""
+        return f"lhr-replica-{self.replica_id}" + (f"-r{self.generation}" if self.generation else "")
 
     def actor_env(self) -> dict[str, str]:
         """Environment of the actor process (inherited by the engine core it spawns)."""
@@ -129,6 +149,9 @@ class ReplicaSpec:
         env["RAY_DEDUP_LOGS"] = "0"
         if self.engine.run_dir:
             env["VLLM_CACHE_ROOT"] = os.path.join(self.engine.run_dir, "vllm-cache")
+        if self.cuda_devices is not None and self.gpus > 0:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in self.cuda_devices)
+            env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"  # else Ray overwrites it with its own pick
         env.update(self.env)
         return env
 
@@ -266,19 +289,21 @@ class ReplicaHandle:
 
     # ---- launch ---------------------------------------------------------------------------------------------------
     @classmethod
-    def launch(cls, spec: ReplicaSpec, namespace_prefix: str = "lhr-replica-") -> ReplicaHandle:
+    def launch(cls, spec: ReplicaSpec) -> ReplicaHandle:
         """Create the actor and start its engine in the background; await :meth:`wait_ready` before use."""
         import ray
 
         remote_cls = ray.remote(ReplicaActor)
         opts: dict[str, Any] = {
-            "name": f"{namespace_prefix}{spec.replica_id}",
+            "name": spec.actor_name,
             "num_cpus": spec.cpus,
             "num_gpus": spec.gpus,
             "max_concurrency": 4096,
             "max_restarts": 0,
             "runtime_env": {"env_vars": spec.actor_env()},
         }
+        if spec.resources:
+            opts["resources"] = dict(spec.resources)
         if spec.placement_group is not None:
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -287,6 +312,10 @@ class ReplicaHandle:
                 placement_group_bundle_index=spec.bundle_index,
                 placement_group_capture_child_tasks=True,
             )
+        elif spec.node_id:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=spec.node_id, soft=False)
         spec_dict = {k: v for k, v in asdict(spec).items() if k not in ("engine", "placement_group", "env")}
         actor = remote_cls.options(**opts).remote(spec_dict, asdict(spec.engine))
         h = cls(actor, spec)
