@@ -311,11 +311,33 @@ def _session_dir(ray: Any) -> str:
 
 
 def _is_loopback(address: str | None) -> bool:
-    """Whether a cluster address to join names this machine's loopback (``127.0.0.1:6379``, ``localhost:6379``)."""
+    """Whether a cluster address to join names a cluster reachable on this machine's loopback only.
+
+    True for ``127.0.0.1:<port>`` / ``localhost:<port>`` when nothing answers on the machine's own address at that
+    port (a cluster whose nodes were started on 127.0.0.1, e.g. ``ray.cluster_utils.Cluster``). A GCS that listens on
+    every interface (``ray start --head``) answers there too and is joined the usual way: this driver then listens
+    on the machine's address, which replicas on other machines need to fetch the objects it owns.
+    """
     if not address or address in ("auto", "local") or "://" in address:
         return False
-    host = address.rsplit(":", 1)[0].strip("[]")
-    return host in ("127.0.0.1", "localhost", "::1")
+    host, _, port = address.rpartition(":")
+    if host.strip("[]") not in ("127.0.0.1", "localhost", "::1") or not port.isdigit():
+        return False
+    import socket
+
+    from ray._private import services
+
+    try:
+        machine = services.resolve_ip_for_localhost(host.strip("[]"))
+    except Exception:  # no address of its own: loopback is all there is
+        return True
+    if machine in ("127.0.0.1", "localhost", "::1"):
+        return True
+    try:
+        with socket.create_connection((machine, int(port)), timeout=1.0):
+            return False
+    except OSError:
+        return True
 
 
 @contextlib.contextmanager
@@ -326,7 +348,8 @@ def _loopback_node_address(local: bool) -> Any:
     (``resolve_ip_for_localhost``) unless ``ray_constants.ENABLE_RAY_CLUSTER`` is false; Ray's servers then bind to
     that address or every interface. Clearing the flag for the call keeps every server of the node on loopback. A
     joined address ``127.0.0.1:<port>`` is resolved the same way (to the machine's address, where a cluster whose
-    nodes listen on loopback cannot be reached), so joining one clears the flag too.
+    nodes listen on loopback only cannot be reached), so joining such a cluster (:func:`_is_loopback`) clears the
+    flag too.
     """
     if not local:
         yield

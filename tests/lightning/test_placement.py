@@ -215,3 +215,22 @@ def test_launch_asks_ray_for_the_resource_and_the_hard_node_affinity(monkeypatch
     # a replacement launched from the same spec is placed the same way
     ReplicaHandle.launch(hybrid)
     assert rec.options_seen[-1]["scheduling_strategy"].node_id == HEAD
+
+
+# ------------------------------------------------------------------------------- joining a cluster on loopback
+
+
+def test_a_loopback_address_is_joined_on_loopback_only_when_the_cluster_listens_there_only():
+    import socket
+
+    from ray._private import services
+
+    from lightning_hybrid_rollout.rollout.ray_runtime import _is_loopback
+
+    assert not any(_is_loopback(a) for a in (None, "auto", "local", "10.0.0.1:6379", "ray://127.0.0.1:10001"))
+    machine = services.resolve_ip_for_localhost("127.0.0.1")
+    with socket.create_server(("127.0.0.1", 0)) as loopback_only:  # like ray.cluster_utils.Cluster's GCS
+        assert _is_loopback(f"127.0.0.1:{loopback_only.getsockname()[1]}")
+    with socket.create_server(("0.0.0.0", 0)) as everywhere:  # like `ray start --head`'s GCS
+        # the machine's address answers too: joined the usual way (unless loopback is all this machine has)
+        assert _is_loopback(f"localhost:{everywhere.getsockname()[1]}") == (machine == "127.0.0.1")
