@@ -49,6 +49,7 @@ from lightning_hybrid_rollout.lightning.cycle_report import CycleReport
 from lightning_hybrid_rollout.lightning.model_path import take_model_path
 from lightning_hybrid_rollout.lightning.model_prep import prepare_model
 from lightning_hybrid_rollout.lightning.overlap import OverlapSync
+from lightning_hybrid_rollout.lightning.placement import rank_node_ips
 from lightning_hybrid_rollout.lightning.trainer_side import StepTimes, TrainerSide
 from lightning_hybrid_rollout.lightning.workload import Workload, attach_batch_source, load_workload
 from lightning_hybrid_rollout.redaction import redact_logger_hyperparams
@@ -298,9 +299,10 @@ class HybridRolloutCallback(Callback):
         if stage != "fit":
             return
         attach_batch_source(datamodule, self._next_batch, self._tokenizer.pad_token_id)
+        node_ips = rank_node_ips(trainer.world_size)  # collective: hybrid replica i goes to rank i's node
         if trainer.is_global_zero:
             rank_zero_info(f"[lhr] policy {self.async_training.dynamic_schedule_policy}: {self._describe_policy()}")
-            self._start_runtime(trainer)
+            self._start_runtime(trainer, node_ips)
 
     def _describe_policy(self) -> str:
         """``Name(deactivate_ratio=..., only_hybrid=..., <each configured knob>=<the policy's value>)``."""
@@ -308,7 +310,7 @@ class HybridRolloutCallback(Callback):
         values = ", ".join(f"{k}={getattr(self.policy, k, '?')!r}" for k in names)
         return f"{type(self.policy).__name__}({values})"
 
-    def _start_runtime(self, trainer: Trainer) -> None:
+    def _start_runtime(self, trainer: Trainer, node_ips: list[str] | None = None) -> None:
         from lightning_hybrid_rollout.lightning.runtime import RolloutRuntime
 
         self._runtime = RolloutRuntime(
@@ -319,6 +321,7 @@ class HybridRolloutCallback(Callback):
             trace=self.trace,
             trainer=self._trainer_side,
         )
+        self._runtime.hybrid_node_ips = node_ips
         self._runtime.start()
         self._controller = DynamicResourceController(
             self._runtime.pool,
@@ -481,21 +484,56 @@ class HybridRolloutCallback(Callback):
         rt = self._runtime
         deadline = self._clock() + self.async_training.wait_timeout_s
         probed = self._clock()
-        while not rt.wait_for_samples(n, timeout=1.0):
-            rt.check_health()
-            trainer = self._trainer
-            if trainer is not None and trainer.received_sigterm:
-                raise SIGTERMException()  # Lightning checks only between steps; this wait can be long
-            probe = self._clock() - probed >= HEALTH_PROBE_EVERY_S
-            if probe:
-                probed = self._clock()
-            self._supervise(probe=probe)
-            if self._clock() > deadline:
-                raise TimeoutError(
-                    f"waited {self.async_training.wait_timeout_s:.0f}s for {n} samples, the queue holds "
-                    f"{rt.queue_size()}: the rollout replicas produce too slowly or have stalled (raise "
-                    f"async_training.wait_timeout_s or check replica logs under {self._run_dir})"
-                )
+        lent = False
+        try:
+            while not rt.wait_for_samples(n, timeout=1.0):
+                rt.check_health()
+                trainer = self._trainer
+                if trainer is not None and trainer.received_sigterm:
+                    raise SIGTERMException()  # Lightning checks only between steps; this wait can be long
+                probe = self._clock() - probed >= HEALTH_PROBE_EVERY_S
+                if probe:
+                    probed = self._clock()
+                self._supervise(probe=probe)
+                if not lent and self._must_lend_mid_cycle():
+                    lent = self._lend_mid_cycle()
+                if self._clock() > deadline:
+                    raise TimeoutError(
+                        f"waited {self.async_training.wait_timeout_s:.0f}s for {n} samples, the queue holds "
+                        f"{rt.queue_size()}: the rollout replicas produce too slowly or have stalled (raise "
+                        f"async_training.wait_timeout_s or check replica logs under {self._run_dir})"
+                    )
+        finally:
+            if lent:  # back to sleep, the training state back, before the step goes on
+                assert self._controller is not None and self._trainer is not None
+                self._record_switch("deactivate", self._controller.deactivate(self.cycles_done))
+                self._trainer_side.onload(self._trainer)
+
+    def _must_lend_mid_cycle(self) -> bool:
+        """Colocated fallback in the middle of a cycle: no standalone replica is left and the hybrid ones sleep, so
+        nothing generates until the next sync, which needs these samples first."""
+        controller, trainer = self._controller, self._trainer
+        return bool(
+            self._runtime.colocated_fallback
+            and controller is not None
+            and not controller.is_hybrid_active
+            and trainer is not None
+        )
+
+    def _lend_mid_cycle(self) -> bool:
+        """Lend the hybrid replicas now, in a boundary of their own (one rank only: the others wait in a collective
+        of the step and cannot take part; with several ranks the cycle waits for a standalone replacement)."""
+        assert self._controller is not None and self._trainer is not None
+        if self._trainer.world_size > 1:
+            return False
+        ranks = self._trainer_side.protocol
+        ranks.open()
+        try:
+            self._record_switch("activate", self._controller.activate(self.cycles_done))
+        finally:
+            ranks.close()
+        log.info("cycle %d: no standalone replica left; the hybrid replicas generate mid-cycle", self.cycles_done + 1)
+        return True
 
     def _next_batch(self) -> list[Sample]:
         """Source of the module's batches (global rank 0): ``required_samples`` samples from the queue."""
@@ -534,6 +572,7 @@ class HybridRolloutCallback(Callback):
         sync_s = 0.0
         ranks, weights = self._trainer_side.protocol, self._trainer_side.weights
         if trainer.is_global_zero:
+            self._supervise(probe=True)  # a replica that stopped answering is replaced, not waited for by the push
             ranks.open()  # this cycle end's boundary
             prepared = self.async_training.overlap_sync and self._overlap.will_activate(
                 self._controller,
@@ -550,7 +589,7 @@ class HybridRolloutCallback(Callback):
             self.call_log.append("sync_standalone")
             stats = self._runtime.new_param_version(self.param_version)
             self.cycles_done += 1
-            self._supervise(probe=True)
+            self._supervise(probe=False)  # one that died under the push; replacements up by now join
             end = self._after_sync(trainer, global_steps=self.cycles_done, prepared=prepared)
             ranks.close()
             self._end_step(trainer)

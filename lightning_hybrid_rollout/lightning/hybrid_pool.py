@@ -15,7 +15,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from lightning_hybrid_rollout.errors import is_replica_dead_error
+from lightning_hybrid_rollout.errors import ReplicaDeadError, is_replica_dead_error
 
 __all__ = ["HybridReplicaPool", "NoTrainer", "OverlapReport", "TrainerLink"]
 
@@ -134,7 +134,17 @@ class HybridReplicaPool:
 
     async def _all_async(self, make: Callable[[Any], Coroutine[Any, Any, Any]]) -> list[Any]:
         replicas = list(self.replicas)
-        got = await asyncio.gather(*(make(r) for r in replicas), return_exceptions=True)
+        timeout = self._rt.rollout.replica_health_timeout_s
+
+        async def one(replica: Any) -> Any:
+            try:
+                return await asyncio.wait_for(make(replica), timeout)
+            except TimeoutError:  # it stopped answering: killed, so it counts as dead (and is replaced)
+                log.warning("hybrid replica %s did not answer within %gs; killing it", replica.replica_id, timeout)
+                replica.kill()
+                return ReplicaDeadError(replica.replica_id, f"no answer within {timeout:g}s")
+
+        got = await asyncio.gather(*(one(r) for r in replicas), return_exceptions=True)
         errors = [g for g in got if isinstance(g, BaseException)]
         for replica, g in zip(replicas, got, strict=True):
             if isinstance(g, BaseException) and is_replica_dead_error(g):

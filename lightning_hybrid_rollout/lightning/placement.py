@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -155,6 +155,33 @@ def hybrid_cuda_devices(node_ids: Sequence[str] | None, count: int, gpus_per_rep
         seen[node] = local + 1
         out.append(list(range(local * g, local * g + g)))
     return out
+
+
+def rank_node_ips(
+    world_size: int, all_gather_object: Callable[[list[Any], Any], None] | None = None
+) -> list[str] | None:
+    """Each trainer rank's node address, rank by rank, when the ranks span several hosts (collective: every rank
+    calls it); ``None`` on one host (every hybrid replica then goes to the driver's node).
+
+    Args:
+        world_size: The trainer's world size.
+        all_gather_object: ``torch.distributed.all_gather_object`` (the default) or a stand-in.
+    """
+    if world_size <= 1:
+        return None
+    import socket
+
+    from ray.util import get_node_ip_address
+
+    if all_gather_object is None:
+        import torch.distributed as dist
+
+        all_gather_object = dist.all_gather_object
+    everyone: list[Any] = [None] * world_size
+    all_gather_object(everyone, (socket.gethostname(), get_node_ip_address()))
+    if len({host for host, _ in everyone}) == 1:
+        return None
+    return [ip for _, ip in everyone]
 
 
 def hybrid_node_ids(

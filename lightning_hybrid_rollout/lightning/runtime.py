@@ -146,6 +146,9 @@ class RolloutRuntime(RuntimeQueries):
         self.workload = workload
         #: The rollouter's prompt iterable (its position is in the rollouter's state_dict); built at start.
         self.prompt_feed: PromptFeed | None = None
+        #: Each trainer rank's node address when the ranks span several hosts (hybrid replica ``i`` goes to rank
+        #: ``i``'s node); None: every hybrid replica on this process's node. Set before :meth:`start`.
+        self.hybrid_node_ips: list[str] | None = None
         self.run_dir = Path(run_dir)
         self.trainer: TrainerLink = trainer if trainer is not None else NoTrainer()
         self.queue = MessageQueue(maxsize=async_training.max_required_samples)
@@ -207,8 +210,7 @@ class RolloutRuntime(RuntimeQueries):
         # by role: standalone replicas on the nodes advertising rollout.standalone_resource, hybrid ones on their
         # trainer ranks' nodes (``hybrid_node_ips``: each rank's node address when the trainer spans several nodes;
         # None: this node); a replica the cluster cannot place is refused here, before anything is launched
-        hybrid_node_ips = getattr(self, "hybrid_node_ips", None)
-        specs = place_replicas(r, self._engine_config(), s_cores, h_cores, hybrid_node_ips)
+        specs = place_replicas(r, self._engine_config(), s_cores, h_cores, self.hybrid_node_ips)
         if r.gpus_per_replica == 0 and r.pin_trainer:
             pin_trainer_process(sorted({c for cores in h_cores for c in cores}))
         handles = self.ray.start_replicas(specs)

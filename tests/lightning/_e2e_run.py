@@ -27,16 +27,17 @@ from lightning_hybrid_rollout.lightning.data import RolloutDataModule
 from lightning_hybrid_rollout.lightning.module import GRPOModule
 
 
-def kill_replica(replica_id: str) -> dict[str, Any]:
-    """``kill -9`` the live actor process of a replica, found by its name in Ray's actor table (GCS)."""
+def kill_replica(replica_id: str, how: str = "kill") -> dict[str, Any]:
+    """``kill -9`` (``how="kill"``) or ``kill -STOP`` (``"stop"``: it stops answering) the live actor process of a
+    replica, found by its name in Ray's actor table (GCS)."""
     import signal
 
     from ray._private import state
 
     for info in state.actors().values():
         if info["State"] == "ALIVE" and str(info["Name"]).startswith(f"lhr-replica-{replica_id}"):
-            os.kill(info["Pid"], signal.SIGKILL)
-            return {"replica": replica_id, "name": info["Name"], "pid": info["Pid"]}
+            os.kill(info["Pid"], signal.SIGSTOP if how == "stop" else signal.SIGKILL)
+            return {"replica": replica_id, "name": info["Name"], "pid": info["Pid"], "how": how}
     raise AssertionError(f"no live actor for replica {replica_id}")
 
 
@@ -69,10 +70,23 @@ class Recorder(Callback):
             return
         for kill in self.kills:
             if kill["step"] == trainer.global_step:
-                self.report.setdefault("killed", []).append(kill_replica(kill["replica"]))
+                self._wait_replacements_joined()
+                self.report.setdefault("killed", []).append(kill_replica(kill["replica"], kill.get("how", "kill")))
         lb = self.cb.runtime.rollouter.load_balancer
         self.report["routed"].append({"step": trainer.global_step, **lb.routed_counts()})
         self.report["active"].append(self.cb.controller.is_hybrid_active)
+
+    def _wait_replacements_joined(self, timeout: float = 300.0) -> None:
+        """Before the next kill: the previous replacement has joined (so a kill never lands on one still starting,
+        whatever the machine's speed). Supervises like the callback's own wait loop does."""
+        import time
+
+        rt = self.cb.runtime
+        deadline = time.monotonic() + timeout
+        while rt.supervisor.starting or rt._joining:
+            assert time.monotonic() < deadline, f"replacement not joined in {timeout} s: {rt.supervisor.events}"
+            self.cb._supervise(probe=False)
+            time.sleep(0.5)
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
         if not trainer.is_global_zero:
@@ -103,6 +117,8 @@ def main(spec_path: str) -> None:
             prompt_length=16,
             concurrent_samples_per_replica=32,
             kv_cache_memory_bytes=32 * 2**20,
+            max_replica_restarts=spec.get("max_restarts", 3),
+            replica_health_timeout_s=spec.get("health_timeout", 60.0),
         ),
         async_training=AsyncTrainingConfig(
             dynamic_schedule_policy=spec.get("policy", "default"),
@@ -143,10 +159,15 @@ def main(spec_path: str) -> None:
         default_root_dir=str(root),
     )
     module = GRPOModule(model_path=spec["model_dir"], lr=3e-4)
-    trainer.fit(module, datamodule=RolloutDataModule(), ckpt_path=spec.get("ckpt_path"))
+    error: BaseException | None = None
+    try:
+        trainer.fit(module, datamodule=RolloutDataModule(), ckpt_path=spec.get("ckpt_path"))
+    except Exception as err:  # reported (a test may expect it), then the run fails
+        error = err
     if trainer.is_global_zero:
         rep = recorder.report
         rep.update(
+            error=None if error is None else f"{type(error).__name__}: {error}",
             call_log=hybrid_cb.call_log,
             switch_events=hybrid_cb.switch_events,
             overlap_events=hybrid_cb.overlap_events,
@@ -168,6 +189,8 @@ def main(spec_path: str) -> None:
     from lightning_hybrid_rollout.lightning.cli import close_process_group
 
     close_process_group()  # gloo's threads can otherwise abort the interpreter at exit
+    if error is not None:
+        raise SystemExit(3)
 
 
 if __name__ == "__main__":

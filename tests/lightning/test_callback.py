@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 SEED_ORDER = ["should_deactivate", "deactivate_wait_samples", "deactivate"]
 
 
-def run_fit(tmp: Path, name: str, model_dir: Path, **spec: Any) -> dict[str, Any]:
+def run_fit(tmp: Path, name: str, model_dir: Path, *, expect_returncode: int = 0, **spec: Any) -> dict[str, Any]:
     root = tmp / name
     root.mkdir(parents=True, exist_ok=True)
     spec = {"root": str(root), "out": str(root / "report.json"), "model_dir": str(model_dir), **spec}
@@ -42,7 +42,7 @@ def run_fit(tmp: Path, name: str, model_dir: Path, **spec: Any) -> dict[str, Any
         cwd=str(root),
     )
     (root / "stdout.txt").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-    assert proc.returncode == 0, f"{name} failed:\n{proc.stderr[-6000:]}"
+    assert proc.returncode == expect_returncode, f"{name}: exit code {proc.returncode}:\n{proc.stderr[-6000:]}"
     report = json.loads((root / "report.json").read_text())
     report["root"] = str(root)
     report["stderr"] = proc.stderr

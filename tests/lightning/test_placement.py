@@ -234,3 +234,20 @@ def test_a_loopback_address_is_joined_on_loopback_only_when_the_cluster_listens_
     with socket.create_server(("0.0.0.0", 0)) as everywhere:  # like `ray start --head`'s GCS
         # the machine's address answers too: joined the usual way (unless loopback is all this machine has)
         assert _is_loopback(f"localhost:{everywhere.getsockname()[1]}") == (machine == "127.0.0.1")
+
+
+def test_rank_node_ips_is_none_on_one_host_and_each_ranks_address_across_hosts() -> None:
+    from lightning_hybrid_rollout.lightning.placement import rank_node_ips
+
+    def gather_from(values: list[tuple[str, str]]) -> Any:
+        def all_gather_object(out: list[Any], mine: Any) -> None:
+            assert isinstance(mine, tuple) and len(mine) == 2  # (hostname, node address) of this rank
+            out[:] = values
+
+        return all_gather_object
+
+    assert rank_node_ips(1) is None  # one rank: no collective at all
+    one_host = gather_from([("trainer-0", "10.0.0.5"), ("trainer-0", "10.0.0.5")])
+    assert rank_node_ips(2, one_host) is None
+    two_hosts = gather_from([("trainer-0", "10.0.0.5"), ("trainer-0", "10.0.0.5"), ("trainer-1", "10.0.0.6")])
+    assert rank_node_ips(3, two_hosts) == ["10.0.0.5", "10.0.0.5", "10.0.0.6"]

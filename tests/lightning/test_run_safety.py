@@ -33,10 +33,10 @@ FAKE_ARG_KEY = "a2b9f00d" * 5
 pytestmark = pytest.mark.slow
 
 
-def _config(run: Path, max_steps: int, wandb: bool) -> dict[str, Any]:
+def _config(run: Path, max_steps: int, wandb: bool, checkpoint: bool = False) -> dict[str, Any]:
     config = yaml.safe_load((ROOT / "examples" / "quickstart_cpu.yaml").read_text())
     t = config["trainer"]
-    t.update(max_steps=max_steps, default_root_dir=str(run))
+    t.update(max_steps=max_steps, default_root_dir=str(run), enable_checkpointing=checkpoint)
     loggers = [{**t["logger"], "init_args": {**t["logger"]["init_args"], "save_dir": str(run)}}]
     if wandb:
         loggers.append(
@@ -64,10 +64,12 @@ def _config(run: Path, max_steps: int, wandb: bool) -> dict[str, Any]:
     return config
 
 
-def _start_fit(tmp_path: Path, max_steps: int, wandb: bool = False) -> tuple[subprocess.Popen[bytes], Path, Path]:
+def _start_fit(
+    tmp_path: Path, max_steps: int, wandb: bool = False, checkpoint: bool = False
+) -> tuple[subprocess.Popen[bytes], Path, Path]:
     run = tmp_path / "run"
     cfg = tmp_path / "fit.yaml"
-    cfg.write_text(yaml.safe_dump(_config(run, max_steps, wandb)))
+    cfg.write_text(yaml.safe_dump(_config(run, max_steps, wandb, checkpoint)))
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(run), "WANDB_API_KEY": FAKE_ENV_KEY}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))  # _context_recorder
     env.pop(run_guard.RUN_ID_ENV, None)
@@ -279,6 +281,31 @@ def test_a_trainer_killed_mid_fit_leaves_nothing_behind(tmp_path: Path) -> None:
         left = _wait_gone(tree, within=10)
         assert not left, f"processes of the killed run still alive after 10 s: {left}"
         assert not (run_guard.runs_root() / f"r-{run_id}").exists() and not staging.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_sigterm_mid_fit_ends_it_cleanly_and_saves_a_checkpoint_with_the_unfinished_work(tmp_path: Path) -> None:
+    import torch
+
+    proc, run, out = _start_fit(tmp_path, max_steps=400, checkpoint=True)
+    try:
+        run_id = _run_id_of(proc)
+        _wait_for_steps(proc, run, 4)
+        tree = _tree(proc.pid, run_id)
+        staging = run_guard.shm_root() / f"lhr-{os.getuid()}-{run_id}"
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=120)
+        left = _wait_gone(tree, within=10)
+        assert not left, f"processes of the run still alive 10 s after it ended: {left}"
+        assert not staging.exists() and not (run_guard.runs_root() / f"r-{run_id}").exists()
+        saved = sorted(run.rglob("interrupted-step=*.ckpt"))
+        assert saved, out.read_text()[-3000:]
+        state = torch.load(saved[-1], map_location="cpu", weights_only=False)
+        cb = next(v for k, v in state["callbacks"].items() if "HybridRolloutCallback" in k)
+        assert cb["param_version"] >= 2 and "rollouter" in cb
+        assert "checkpoint saved to" in out.read_text()
     finally:
         if proc.poll() is None:
             proc.kill()
