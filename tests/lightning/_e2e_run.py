@@ -5,7 +5,9 @@ out of the pytest process). Spec keys: ``out`` (report path), ``root`` (run dir)
 ``policy``, ``standalone``, ``hybrid``, ``only_hybrid``, ``strategy``, ``devices``, ``ckpt_path``,
 ``save_every``, ``wandb``, ``trigger``, ``mini_batch``, ``n``,
 ``overlap_sync``, ``early_first_sync``, ``staged``, ``enable_rebalance``, ``staleness``, ``ratio``, ``kill``
-(``[{"step": 3, "replica": "hybrid-0"}, ...]``: ``kill -9`` that replica's actor at the end of that step).
+(``[{"step": 3, "replica": "hybrid-0", "how": "kill" | "stop"}, ...]``: ``kill -9`` / ``kill -STOP`` that replica's
+actor at the end of that step, once earlier replacements joined), ``settle`` (a step at whose end the run waits
+until every replacement joined), ``max_restarts``, ``health_timeout``.
 """
 
 from __future__ import annotations
@@ -44,9 +46,12 @@ def kill_replica(replica_id: str, how: str = "kill") -> dict[str, Any]:
 class Recorder(Callback):
     """Snapshots what the tests assert on (rank 0)."""
 
-    def __init__(self, hybrid_cb: HybridRolloutCallback, kills: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self, hybrid_cb: HybridRolloutCallback, kills: list[dict[str, Any]] | None = None, settle_step: int = -1
+    ) -> None:
         self.cb = hybrid_cb
         self.kills = list(kills or [])
+        self.settle_step = settle_step  # wait there until every replacement joined (the fit's last cycles see it)
         self.report: dict[str, Any] = {"routed": [], "restored": None, "active": []}
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -68,6 +73,8 @@ class Recorder(Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         if not trainer.is_global_zero:
             return
+        if trainer.global_step == self.settle_step:
+            self._wait_replacements_joined()
         for kill in self.kills:
             if kill["step"] == trainer.global_step:
                 self._wait_replacements_joined()
@@ -136,7 +143,7 @@ def main(spec_path: str) -> None:
         build_model=True,
         run_dir=str(root),
     )
-    recorder = Recorder(hybrid_cb, spec.get("kill"))
+    recorder = Recorder(hybrid_cb, spec.get("kill"), spec.get("settle", -1))
     loggers: list[Any] = [CSVLogger(save_dir=str(root), name="", version="")]
     if spec.get("wandb"):
         from lightning.pytorch.loggers import WandbLogger

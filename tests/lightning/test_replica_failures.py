@@ -38,6 +38,7 @@ def killed_run(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> dic
         trigger=1,
         policy="default",
         kill=kills,
+        settle=11,
         health_timeout=5.0,
     )
 
