@@ -8,6 +8,7 @@ goes into the queue with the rest of its group. Unfinished groups are what the r
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -83,11 +84,14 @@ class SampleState:
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> SampleState:
-        """Undo :meth:`to_state`; the generation clock restarts (``started_at`` is cleared)."""
-        fields = {k: v for k, v in state.items() if k != "result"}
+        """Undo :meth:`to_state`; the generation clock restarts (``started_at`` is cleared).
+
+        The sample owns copies: continuing it never changes ``state`` (a checkpoint can be restored again).
+        """
+        fields = {k: (list(v) if isinstance(v, list) else v) for k, v in state.items() if k != "result"}
         st = cls(**{**fields, "started_at": None})
         result = state.get("result")
-        st.result = Sample(**result) if result is not None else None
+        st.result = Sample(**copy.deepcopy(dict(result))) if result is not None else None
         return st
 
 
@@ -140,16 +144,16 @@ class PromptGroup:
             "group_id": self.group_id,
             "prompt": self.prompt,
             "prompt_token_ids": list(self.prompt_token_ids),
-            "metadata": dict(self.metadata),
+            "metadata": copy.deepcopy(self.metadata),
             "samples": [s.to_state() for s in self.samples],
             "scored": self.scored,
         }
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> PromptGroup:
-        """Undo :meth:`to_state`."""
+        """Undo :meth:`to_state` (into copies, like :meth:`SampleState.from_state`)."""
         samples = [SampleState.from_state(s) for s in state["samples"]]
-        token_ids, metadata = list(state["prompt_token_ids"]), dict(state["metadata"])
+        token_ids, metadata = list(state["prompt_token_ids"]), copy.deepcopy(dict(state["metadata"]))
         group = cls(state["group_id"], state["prompt"], token_ids, metadata, samples)
         group.scored = bool(state.get("scored", False))
         return group
