@@ -375,7 +375,9 @@ class HybridRolloutCallback(Callback):
 
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        if isinstance(exception, KeyboardInterrupt | SIGTERMException) and self._runtime is not None:
+        # a SIGTERM shows as Lightning's SIGTERMException, or as the SystemExit of the handler Ray's driver installs
+        interrupted = isinstance(exception, KeyboardInterrupt | SIGTERMException) or trainer.received_sigterm
+        if interrupted and self._runtime is not None:
             self._save_checkpoint(trainer, "interrupted")
         self._shutdown()
 

@@ -380,8 +380,19 @@ class RolloutRuntime(RuntimeQueries):
 
     def rollouter_state(self) -> dict[str, Any]:
         """For a checkpoint, taken atomically on the loop: the rollouter's counters, its unfinished groups (with
-        their generated prefixes), the buffered samples and the prompt stream's position."""
-        return dict(self.rollouter.state_dict())
+        their generated prefixes), the buffered samples and the prompt stream's position.
+
+        A running rollouter is paused with its in-flight requests aborted first, so every token generated so far is
+        in a kept segment (partial rollout) and in the checkpoint, then resumed: a resume regenerates nothing.
+        """
+        ro = self.rollouter
+        if not ro.is_running or ro.is_paused:
+            return dict(ro.state_dict())
+        ro.pause(abort_in_flight=True)
+        try:
+            return dict(ro.state_dict())
+        finally:
+            ro.resume()
 
     def restore_rollouter(self, state: Mapping[str, Any]) -> None:
         """Load :meth:`rollouter_state` (before generation starts): unfinished groups continue first, the prompt

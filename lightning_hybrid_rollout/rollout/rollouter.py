@@ -212,6 +212,11 @@ class Rollouter(ProductionLoop):
         """Undo :meth:`pause`."""
         self._call(self._resume_async())
 
+    @property
+    def is_paused(self) -> bool:
+        """Whether :meth:`pause` is in effect."""
+        return self._paused
+
     def reset_staleness(self) -> RolloutStepStats:
         """Close the rollout window of this parameter version (call once per version, after the weight sync).
 
