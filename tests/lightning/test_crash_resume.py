@@ -33,6 +33,7 @@ import pytest
 from lightning_hybrid_rollout.config import RolloutConfig
 from lightning_hybrid_rollout.rollout import run_guard
 from lightning_hybrid_rollout.sources.task_source import TaskSource
+from tests.lightning.test_run_safety import _tree, _wait_gone
 
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.slow
@@ -84,36 +85,6 @@ def _run_id_of(proc: subprocess.Popen[bytes], root: Path, timeout: float = 180) 
                 return run_id
         time.sleep(0.3)
     raise AssertionError("Ray never started")
-
-
-def _tree(pid: int, run_id: str) -> dict[int, float]:
-    """``pid -> start time`` of the trainer's descendants and of every process of the run."""
-    out = {}
-    for p in psutil.Process(pid).children(recursive=True) + run_guard.run_processes(run_id):
-        try:
-            out[p.pid] = p.create_time()
-        except psutil.Error:
-            continue
-    return out
-
-
-def _alive(tree: dict[int, float]) -> list[str]:
-    left = []
-    for pid, started in tree.items():
-        try:
-            p = psutil.Process(pid)
-            if p.create_time() == started and p.status() != psutil.STATUS_ZOMBIE:
-                left.append(f"{pid} {p.name()}")
-        except psutil.Error:
-            continue
-    return left
-
-
-def _wait_gone(tree: dict[int, float], within: float) -> list[str]:
-    deadline = time.monotonic() + within
-    while (left := _alive(tree)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return left
 
 
 def _staging(run_id: str) -> Path:
