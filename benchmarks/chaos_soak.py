@@ -585,6 +585,8 @@ class Soak:
         idle = [r for r in self.replacements if r not in served]
         if idle:  # the version check would say nothing about them
             problems.append(f"replacements that served no request (the soak did not exercise them): {idle}")
+        if c["rejected_segments"]:  # a replica routed while parked (e.g. a replacement added to a sleeping pool)
+            problems.append(f"{c['rejected_segments']} segments refused by a parked engine")
         restarts = self.rt.replica_restarts()
         if restarts != len(self.kills):
             problems.append(f"{len(self.kills)} kills but {restarts} replacements joined")
@@ -602,6 +604,7 @@ class Soak:
             "wrong_version": len(wrong),
             "over_length": len(over),
             "mismatched": mismatched,
+            "refused": int(c["rejected_segments"]),
         }
         return result, problems
 

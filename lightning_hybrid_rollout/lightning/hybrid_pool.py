@@ -112,6 +112,8 @@ class HybridReplicaPool:
     def __init__(self, runtime: Any) -> None:  # the RolloutRuntime (not imported: it imports this module)
         self._rt = runtime
         self.registered = False
+        #: The hybrid replicas take requests now (resumed, not removed since).
+        self.routing = False
         self.awake = False
         #: Param version the hybrid engines hold while awake (None: asleep, or not synced since they woke).
         self.weights_version: int | None = None
@@ -214,10 +216,12 @@ class HybridReplicaPool:
     def resume_generation_replicas(self) -> None:
         self.calls.append("resume_generation_replicas")
         self._rt.rollouter.resume_generation_replicas(self.ids)
+        self.routing = True
         self._rt.set_state(self.ids, "active")
 
     def remove_replicas(self) -> None:
         self.calls.append("remove_replicas")
+        self.routing = False
         if self.registered:
             self._rt.rollouter.remove_replicas(self.ids)
         self._rt.set_state(self.ids, "switching")

@@ -369,9 +369,9 @@ class RolloutRuntime(RuntimeQueries):
             self.set_state([rid], "active")
         else:
             self.hybrid.append(replica)
-            if self.pool.registered and self.rollouter is not None:
+            if self.pool.routing and self.rollouter is not None:  # else the next activation adds it
                 self.rollouter.add_replicas([replica])
-            self.set_state([rid], "active" if self.pool.registered else "parked")
+            self.set_state([rid], "active" if self.pool.routing else "parked")
         sup.joined(replica)
         if self._trace is not None:  # the slot's "restarting" span ends here; the counter marks the join
             self._trace.counter("replica_restarts", self._ts(time.monotonic()), sup.restarts)

@@ -58,6 +58,7 @@ def test_killed_and_hung_replicas_are_replaced_and_the_fit_finishes(killed_run: 
         assert events.index((rid, "restarting")) < events.index((rid, "restarted"))
     assert "starting a replacement" in killed_run["stderr"]
     assert "no health answer within 5s" in killed_run["stderr"]
+    assert "refused" not in killed_run["stderr"]  # no replacement was routed while its engine was parked
 
 
 def test_replica_restarts_metric_counts_the_replacements(killed_run: dict[str, Any]) -> None:

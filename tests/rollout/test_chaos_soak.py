@@ -57,5 +57,5 @@ def test_chaos_soak_loses_nothing_duplicates_nothing_and_serves_the_right_weight
     assert counts["kills"] >= 3, counts
     assert counts["restarts"] == counts["kills"], counts
     assert counts["cycles"] >= 10, counts
-    for key in ("lost", "duplicated", "wrong_version", "over_length", "mismatched"):
+    for key in ("lost", "duplicated", "wrong_version", "over_length", "mismatched", "refused"):
         assert counts[key] == 0, (key, counts, detail)
