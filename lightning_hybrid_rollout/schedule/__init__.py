@@ -21,9 +21,10 @@ Policy call order per training step (seed §1), encoded in ``controller.before_s
     5. update_after_step()          after weight sync; update the policy's internal state
 
 Built-in policies: ``"default"`` (:class:`DefaultDynamicSchedulePolicy`), ``"static_fully_async"``
-(:class:`StaticFullyAsyncPolicy`), ``"fixed_ratio"`` (:class:`FixedRatioDynamicSchedulePolicy`); all three are
-registered on import. Add your own with :func:`register_policy` or the ``lightning_hybrid_rollout.policies``
-entry-point group (docs/policies.md).
+(:class:`StaticFullyAsyncPolicy`), ``"fixed_ratio"`` (:class:`FixedRatioDynamicSchedulePolicy`), ``"rate_matched"``
+(:class:`RateMatchedDynamicSchedulePolicy`) and ``"hysteresis_ratio"`` (:class:`HysteresisRatioDynamicSchedulePolicy`,
+verl v1 ``separate_async``'s switch rule, a baseline); all are registered on import. Add your own with
+:func:`register_policy` or the ``lightning_hybrid_rollout.policies`` entry-point group (docs/policies.md).
 
 Example::
 
@@ -54,6 +55,7 @@ from lightning_hybrid_rollout.schedule.controller import (
 )
 from lightning_hybrid_rollout.schedule.default_policy import ActivationEstimate, DefaultDynamicSchedulePolicy
 from lightning_hybrid_rollout.schedule.fixed_ratio_policy import FixedRatioDynamicSchedulePolicy
+from lightning_hybrid_rollout.schedule.hysteresis_ratio_policy import HysteresisRatioDynamicSchedulePolicy
 from lightning_hybrid_rollout.schedule.rate_matched_policy import RateMatchedDynamicSchedulePolicy, RateScheduleContext
 from lightning_hybrid_rollout.schedule.static_fully_async_policy import StaticFullyAsyncPolicy
 
@@ -66,6 +68,7 @@ __all__ = [
     "DynamicScheduleContext",
     "DynamicSchedulePolicyBase",
     "FixedRatioDynamicSchedulePolicy",
+    "HysteresisRatioDynamicSchedulePolicy",
     "RateMatchedDynamicSchedulePolicy",
     "RateScheduleContext",
     "ReplicaPool",

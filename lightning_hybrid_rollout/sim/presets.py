@@ -47,6 +47,7 @@ def _seed() -> dict:
             _dynamic("dynamic_rate_matched_overlap", 16, 16, "rate_matched", overlap_sync=True),
             _dynamic("dynamic_default_overlap", 16, 16, "default", overlap_sync=True),
             *_improved_runs(16, 16),
+            _verl_v1(16, 16),
         ],
     }
 
@@ -60,6 +61,13 @@ def _dynamic(name: str, train: int, rollout: int, policy: str, **async_training:
         "hybrid": True,
         "async_training": {"dynamic_schedule_policy": policy, **async_training},
     }
+
+
+def _verl_v1(train: int, rollout: int) -> dict:
+    """verl v1 ``separate_async``'s switch rule (``hysteresis_ratio``) with verl's starting ratio, 0.4: a baseline."""
+    return _dynamic(
+        "dynamic_hysteresis_ratio", train, rollout, "hysteresis_ratio", dynamic_schedule_deactivate_ratio=0.4
+    )
 
 
 def _improved_runs(train: int, rollout: int) -> list[dict]:
@@ -84,6 +92,7 @@ def _dynamic_runs(train: int, rollout: int) -> list[dict]:
         _dynamic("dynamic_rate_matched", train, rollout, "rate_matched"),
         _dynamic("dynamic_rate_matched_overlap", train, rollout, "rate_matched", overlap_sync=True),
         *_improved_runs(train, rollout),
+        _verl_v1(train, rollout),
     ]
 
 
