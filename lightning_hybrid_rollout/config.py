@@ -341,6 +341,14 @@ class AsyncTrainingConfig(_ConfigBase):
     (the simulator's ``staged_standalone_sync``). Costs one staged copy of the weights per node (CPU: shared
     memory) or per engine (GPU: device memory) during the sync."""
 
+    standalone_sync_mode: Literal["abort", "keep"] = "abort"
+    """What a standalone weight sync does with the replicas' in-flight requests. ``abort`` (the seed's): they are
+    aborted and continue from their prefix under the new weights (a re-prefill). ``keep``: they are frozen in place
+    with their KV cache (vLLM ``pause_generation(mode="keep", clear_cache=False)``) and continue after the load
+    without a re-prefill; the tokens after the load are a new segment of the new version, so every token's weight
+    version stays exact (the KV cache of the tokens before it is the old weights': the engine's logprobs, which the
+    loss uses as the behaviour policy, are what was sampled)."""
+
     # --- Parameters of fully-async training used by dynamic scheduling (seed §2, "Existing Async-Training") -----
 
     staleness_threshold: float = 0.1
@@ -395,6 +403,7 @@ class AsyncTrainingConfig(_ConfigBase):
         c.boolean("overlap_sync", self.overlap_sync)
         c.boolean("early_first_sync", self.early_first_sync)
         c.boolean("staged_standalone_sync", self.staged_standalone_sync)
+        c.choice("standalone_sync_mode", self.standalone_sync_mode, ("abort", "keep"), "Use abort or keep.")
         c.real(
             "staleness_threshold",
             self.staleness_threshold,

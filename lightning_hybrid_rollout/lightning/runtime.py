@@ -175,6 +175,9 @@ class RolloutRuntime(RuntimeQueries):
                 self._trace = None
         self._t0 = time.monotonic()
         self._states: dict[str, tuple[str, float]] = {}
+        #: Running totals for the trace (a real run's balance bound, ``run_bound``): samples and response tokens the
+        #: trainer took; per role, tokens decoded and seconds serving (the sum of the role windows taken).
+        self._totals: dict[str, float] = {}
 
     # ----------------------------------------------------------------------------------------------- lifecycle
 
@@ -455,7 +458,7 @@ class RolloutRuntime(RuntimeQueries):
         standalone serving time.
         """
         ids = [r.replica_id for r in self.standalone]
-        options: dict[str, Any] = {}
+        options: dict[str, Any] = {"keep": True} if self.async_training.standalone_sync_mode == "keep" else {}
         if self.async_training.staged_standalone_sync:
             # staged: the replicas keep serving while the buckets reach them; they stop only for the commit
 
@@ -463,7 +466,7 @@ class RolloutRuntime(RuntimeQueries):
                 self.set_state(ids, "syncing")
                 await self._set_syncing(ids, True)
 
-            options = {"staged": True, "on_commit": on_commit}
+            options.update(staged=True, on_commit=on_commit)
         else:
             self.set_state(ids, "syncing")
             await self._set_syncing(ids, True)
@@ -567,13 +570,35 @@ class RolloutRuntime(RuntimeQueries):
         if self._trace is not None and end > start:
             self._trace.span("trainer/trainer", phase, self._ts(start), self._ts(end), args)
 
+    def take_samples(self, n: int, timeout: float) -> list[Any]:
+        """Remove and return ``n`` samples (oldest first); counted for the trace's ``trained_*`` totals."""
+        samples = super().take_samples(n, timeout)
+        self._add_totals(trained_samples=len(samples), trained_tokens=sum(s.response_length for s in samples))
+        return samples
+
+    def take_role_window(self) -> Any:
+        """The cycle's per-role production, starting a new window; added to the trace's per-role totals."""
+        window = super().take_role_window()
+        self._add_totals(
+            **{f"decoded_tokens.{role}": n for role, n in window.decoded_tokens.items()},
+            **{f"serving_s.{role}": s for role, s in window.serving_s.items()},
+        )
+        return window
+
+    def _add_totals(self, **amounts: float) -> None:
+        for name, amount in amounts.items():
+            self._totals[name] = self._totals.get(name, 0.0) + float(amount)
+
     def trace_cycle(self, step: int, t: float, metrics: dict[str, float]) -> None:
-        """Queue depth / in-flight counters and the cycle's ``dynamic_resource/*`` metrics."""
+        """Queue depth / in-flight counters, the running totals (``trained_*``, ``decoded_tokens.*``,
+        ``serving_s.*``: :mod:`lightning_hybrid_rollout.trace`) and the cycle's ``dynamic_resource/*`` metrics."""
         if self._trace is None:
             return
         self._trace.counter("queue_depth", self._ts(t), self.queue.size())
         if self.rollouter is not None:
             self._trace.counter("in_flight", self._ts(t), self.rollouter.in_flight)
+        for name, total in sorted(self._totals.items()):
+            self._trace.counter(name, self._ts(t), total)
         self._trace.step_metrics(step, self._ts(t), metrics)
 
     def _close_trace(self) -> None:

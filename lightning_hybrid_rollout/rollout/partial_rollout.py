@@ -3,6 +3,8 @@
 A sample is generated as one or more *segments* (engine requests ``<uid>:<attempt>``, routed by the
 :class:`~lightning_hybrid_rollout.rollout.load_balancer.LoadBalancer`):
 
+- a segment an engine continued across a keep-mode weight update (``standalone_sync_mode: keep``) is kept as one
+  segment per weight version (:func:`version_pieces`), so every token's version is exact;
 - an aborted segment (deactivation, rebalance, pause) keeps what it generated, and the sample continues with
   ``prompt + prefix`` and ``max_tokens`` reduced by it; with ``partial_rollout=False`` the prefix is thrown away and
   the sample restarts from scratch. The kept segments' tokens and logprobs are concatenated and never exceed the
@@ -196,10 +198,12 @@ def settle_segment(
         response_length: The sample's length bound (``sampling.max_tokens``).
         stop_ids: Extra stop tokens (an aborted segment that ends with one finishes its sample).
     """
+    pieces = version_pieces(tokens, logprobs, result)
     if result.finish_reason == "abort":
         st.aborted_segments += 1
         if partial_rollout:
-            st.keep_segment(tokens, logprobs, result.weight_version, replica_id)
+            for piece_tokens, piece_logprobs, version in pieces:
+                st.keep_segment(piece_tokens, piece_logprobs, version, replica_id)
         else:
             st.drop_segments()
         if len(st.tokens) >= response_length:
@@ -207,8 +211,27 @@ def settle_segment(
         if st.tokens and st.tokens[-1] in stop_ids:
             return "stop"
         return None
-    st.keep_segment(tokens, logprobs, result.weight_version, replica_id, final=True)
+    for i, (piece_tokens, piece_logprobs, version) in enumerate(pieces):
+        st.keep_segment(piece_tokens, piece_logprobs, version, replica_id, final=i == len(pieces) - 1)
     return "length" if overshoot else result.finish_reason
+
+
+def version_pieces(
+    tokens: list[int], logprobs: list[float], result: GenerationResult
+) -> list[tuple[list[int], list[float], int]]:
+    """A segment cut where each keep-mode weight update took effect (``result.info["version_splits"]``: the
+    engine froze the request, loaded new weights and let it go on), as ``(tokens, logprobs, version)`` pieces;
+    one piece of ``result.weight_version`` for a segment no update crossed. Empty pieces are left out except the
+    last one."""
+    pieces: list[tuple[list[int], list[float], int]] = []
+    start, version = 0, result.weight_version
+    for at, new_version in result.info.get("version_splits") or ():
+        at = max(start, min(int(at), len(tokens)))
+        if at > start:
+            pieces.append((tokens[start:at], logprobs[start:at], version))
+        start, version = at, int(new_version)
+    pieces.append((tokens[start:], logprobs[start:], version))
+    return pieces
 
 
 def is_refusal(result: GenerationResult, tokens: list[int]) -> bool:

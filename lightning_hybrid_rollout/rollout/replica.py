@@ -207,8 +207,8 @@ class ReplicaActor:
     async def attach_node_staging(self, path: str, size: int, inode: int) -> bool:
         return await self.engine.attach_node_staging(path, size, inode)
 
-    async def begin_weight_update(self, version: int, total_bytes: int = 0) -> None:
-        await self.engine.begin_weight_update(version, total_bytes)
+    async def begin_weight_update(self, version: int, total_bytes: int = 0, keep: bool = False) -> None:
+        await self.engine.begin_weight_update(version, total_bytes, keep)
 
     async def load_weight_from_node_staging(self, spans: list[Span]) -> dict[str, Any]:
         return await self.engine.load_weight_from_node_staging(spans)
@@ -404,9 +404,9 @@ class ReplicaHandle:
         """See :meth:`VLLMEngine.attach_node_staging`."""
         return await self._call("attach_node_staging", path, size, inode)
 
-    async def begin_weight_update(self, version: int, total_bytes: int = 0) -> None:
+    async def begin_weight_update(self, version: int, total_bytes: int = 0, keep: bool = False) -> None:
         """See :meth:`VLLMEngine.begin_weight_update`."""
-        await self._call("begin_weight_update", version, total_bytes)
+        await self._call("begin_weight_update", version, total_bytes, keep)
 
     async def load_weight_from_node_staging(self, spans: list[Span]) -> dict[str, Any]:
         """See :meth:`VLLMEngine.load_weight_from_node_staging`."""

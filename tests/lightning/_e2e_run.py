@@ -6,8 +6,8 @@ out of the pytest process). Spec keys: ``out`` (report path), ``root`` (run dir)
 ``save_every``, ``wandb``, ``trigger``, ``mini_batch``, ``n``,
 ``overlap_sync``, ``early_first_sync``, ``staged``, ``enable_rebalance``, ``staleness``, ``ratio``, ``kill``
 (``[{"step": 3, "replica": "hybrid-0", "how": "kill" | "stop"}, ...]``: ``kill -9`` / ``kill -STOP`` that replica's
-actor at the end of that step, once earlier replacements joined), ``settle`` (a step at whose end the run waits
-until every replacement joined), ``max_restarts``, ``health_timeout``.
+actor at the end of that step, once earlier replacements joined), ``sync_mode``, ``response_length``, ``settle``
+(a step at whose end the run waits until every replacement joined), ``max_restarts``, ``health_timeout``.
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ class Recorder(Callback):
             if kill["step"] == trainer.global_step:
                 self._wait_replacements_joined()
                 self.report.setdefault("killed", []).append(kill_replica(kill["replica"], kill.get("how", "kill")))
+        self.report["counters"] = dict(self.cb.runtime.rollouter.counters())
         lb = self.cb.runtime.rollouter.load_balancer
         self.report["routed"].append({"step": trainer.global_step, **lb.routed_counts()})
         self.report["active"].append(self.cb.controller.is_hybrid_active)
@@ -120,7 +121,7 @@ def main(spec_path: str) -> None:
             standalone_replicas=spec.get("standalone", 1),
             hybrid_replicas=spec.get("hybrid", 1),
             n=spec.get("n", 4),
-            response_length=4,
+            response_length=spec.get("response_length", 4),
             prompt_length=16,
             concurrent_samples_per_replica=32,
             kv_cache_memory_bytes=32 * 2**20,
@@ -137,6 +138,7 @@ def main(spec_path: str) -> None:
             overlap_sync=spec.get("overlap_sync", False),
             early_first_sync=spec.get("early_first_sync", False),
             staged_standalone_sync=spec.get("staged", False),
+            standalone_sync_mode=spec.get("sync_mode", "abort"),
             dynamic_schedule_enable_rebalance=spec.get("enable_rebalance", True),
         ),
         task="arithmetic",

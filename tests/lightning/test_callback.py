@@ -281,3 +281,18 @@ def test_fsdp2_two_devices_with_overlap_early_and_staged_sync_wake_and_sync_hybr
     trace = json.loads((Path(rep["root"]) / "trace.json").read_text())
     spans = [e for e in (trace["traceEvents"] if isinstance(trace, dict) else trace) if e.get("ph") == "X"]
     assert any(e["name"] == "weight_sync" and (e.get("args") or {}).get("overlap") == "hybrid" for e in spans)
+
+
+MODE = "keep"
+
+
+def test_keep_mode_standalone_syncs_abort_nothing_and_the_fit_trains(model_dir: Path, tmp_path: Path) -> None:
+    rep = run_fit(
+        tmp_path, "keep", model_dir, max_steps=6, trigger=1, policy="static_fully_async", sync_mode=MODE, n=8,
+        response_length=64, staleness=1.0,
+    )  # fmt: skip
+    assert rep["global_step"] == 6 and rep["param_version"] == 6
+    counters = rep["counters"]
+    # static: no hybrid switch, no rebalance; the only aborts would be the syncs' (abort mode: every in-flight one)
+    assert counters["aborted_segments"] == 0, counters
+    assert counters["total_generated_samples"] > 0

@@ -257,7 +257,7 @@ class FakeWeightReceiver:
             os.close(fd)
         return True
 
-    async def begin_weight_update(self, version: int, total_bytes: int = 0) -> None:
+    async def begin_weight_update(self, version: int, total_bytes: int = 0, keep: bool = False) -> None:
         self._record("begin_weight_update")
         self._digests, self._version = {}, version
 

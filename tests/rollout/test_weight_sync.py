@@ -501,3 +501,34 @@ def test_gpu_ipc_and_nccl_pushes(ray_runtime, tiny_model_dir, tiny_hf_model, hf_
     finally:
         for h in (hybrid, standalone):
             run_async(h.shutdown())
+
+
+@pytest.mark.slow
+def test_keep_mode_push_continues_in_flight_requests_without_abort_or_reprefill_with_exact_versions(
+    vllm_replicas, tiny_hf_model, hf_reference, run_async
+) -> None:
+    prompt, n = [1, 7, 14, 8, 18], 160
+    state_old = hf_reference.perturbed_state(tiny_hf_model, seed=41)
+    ref_old = hf_reference.greedy(tiny_hf_model, prompt, n)
+    state_new = hf_reference.perturbed_state(tiny_hf_model, seed=42)
+    r0 = vllm_replicas[0]
+
+    async def go() -> tuple[Any, ...]:
+        v = (await r0.health())["weight_version"] + 1
+        await push_weights_async(state_old, [r0], version=v)
+        spec = SamplingSpec(max_tokens=n, temperature=0.0, ignore_eos=True)
+        running = asyncio.ensure_future(r0.generate("keep-0", prompt, spec))
+        while (await r0.health())["tokens_in_flight"] < 8:
+            await asyncio.sleep(0.005)
+        report = await push_weights_async(state_new, [r0], version=v + 1, keep=True)
+        return v, report, await running, await r0.health()
+
+    v, report, out, health = run_async(go())
+    assert set(report.replica_checksums.values()) == {checksum_state(state_new)}
+    # one engine request, never aborted: it went on from where it was frozen (no re-prefill, no second request)
+    assert out.finish_reason == "length" and len(out.token_ids) == n and out.weight_version == v
+    assert health["inflight"] == 0 and health["weight_version"] == v + 1
+    ((split, version),) = out.info["version_splits"]
+    assert version == v + 1 and 8 <= split < n
+    assert list(out.token_ids[:split]) == ref_old[:split]  # before the load: the old weights' own continuation
+    assert list(out.token_ids[split:]) != ref_old[split:]  # after it: the new weights

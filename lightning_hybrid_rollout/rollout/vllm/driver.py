@@ -67,6 +67,9 @@ class VLLMEngine(WeightUpdates):
         self.engine_pid: int | None = None
         self._inflight: dict[str, int] = {}
         self._inflight_tokens: dict[str, int] = {}
+        #: Keep-mode weight updates a request lived through: ``(tokens before it, new version)`` each.
+        self._version_splits: dict[str, list[tuple[int, int]]] = {}
+        self._resume_task: Any = None
         self._abort_requested: set[str] = set()
         self._ready = asyncio.Event()
         self._update_lock = asyncio.Lock()
@@ -235,8 +238,12 @@ class VLLMEngine(WeightUpdates):
             self._inflight.pop(request_id, None)
             self._inflight_tokens.pop(request_id, None)
             self._abort_requested.discard(request_id)
+            splits = self._version_splits.pop(request_id, [])
         self._tokens_generated += len(tokens)
         reason = finish if finish in ("stop", "length", "abort") else "abort"
+        info: dict[str, Any] = {"seconds": time.perf_counter() - t0, "vllm_finish_reason": finish}
+        if splits:
+            info["version_splits"] = splits
         return GenerationResult(
             request_id=request_id,
             token_ids=tokens,
@@ -244,7 +251,7 @@ class VLLMEngine(WeightUpdates):
             finish_reason=reason,  # type: ignore[arg-type]
             weight_version=version,
             replica_id=self.replica_id,
-            info={"seconds": time.perf_counter() - t0, "vllm_finish_reason": finish},
+            info=info,
         )
 
     async def abort(self, request_ids: list[str]) -> None:
@@ -254,6 +261,23 @@ class VLLMEngine(WeightUpdates):
             return
         self._abort_requested.update(live)
         await self.llm.abort(live)
+
+    async def _freeze_all(self) -> None:
+        """Freeze every in-flight request in place (KV cache kept) and wait until the tokens the engine produced
+        before the pause reached their streams, so that each request's split point is exact."""
+        assert self.llm is not None
+        await self.llm.pause_generation(mode="keep", clear_cache=False)
+        seen, quiet = dict(self._inflight_tokens), 0
+        deadline = time.monotonic() + 1.0
+        while quiet < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+            now = dict(self._inflight_tokens)
+            quiet = quiet + 1 if now == seen else 0
+            seen = now
+
+    def _mark_version(self, version: int) -> None:
+        for rid in self._inflight:
+            self._version_splits.setdefault(rid, []).append((self._inflight_tokens.get(rid, 0), version))
 
     async def _abort_all(self) -> int:
         """Abort every in-flight request and wait (bounded) until their streams ended."""

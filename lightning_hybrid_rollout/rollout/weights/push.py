@@ -176,7 +176,9 @@ class _Push:
         transport: str,
         on_commit: Callable[[], Awaitable[Any]] | None,
         put: Callable[[Any], Any],
+        keep: bool = False,
     ) -> None:
+        self.keep = keep
         self.plan = plan
         self.replicas = replicas
         self.version = version
@@ -255,12 +257,15 @@ class _Push:
         finally:
             self.put_seconds = time.perf_counter() - t
 
+    async def _begin(self, r: WeightReceiver, total_bytes: int) -> None:
+        await r.begin_weight_update(self.version, total_bytes, self.keep)  # keep: frozen in place, not aborted
+
     async def stream(self, r: WeightReceiver) -> Reply:
         """One replica's streamed update: load each bucket as soon as it is written."""
         s = time.perf_counter()
         local = r.replica_id in self.node_local
         mine = self.per_replica[r.replica_id]
-        await r.begin_weight_update(self.version, 0 if local else sum(b.nbytes for b in mine))
+        await self._begin(r, 0 if local else sum(b.nbytes for b in mine))
         try:
             futs = self.deliveries[r.replica_id]
             i = 0
@@ -301,7 +306,7 @@ class _Push:
             await self._staged()
         await self._all_staged.wait()
         c = time.perf_counter()  # commit: the only pause
-        await r.begin_weight_update(self.version, 0)
+        await self._begin(r, 0)
         try:
             if local:
                 await r.load_weight_from_node_staging(spans)
@@ -355,6 +360,7 @@ async def push_weights_async(
     transport: str = "auto",
     staged: bool = False,
     on_commit: Callable[[], Awaitable[Any]] | None = None,
+    keep: bool = False,
 ) -> SyncReport:
     """Push full weights to replicas and verify every replica's checksum.
 
@@ -379,6 +385,9 @@ async def push_weights_async(
             the new weights), one load call for all staged buckets, ``finish_weight_update`` with the usual checks.
             Generation stops only for the commit (``SyncReport.per_replica_commit_seconds``).
         on_commit: Awaited once, between the two phases of a staged push (e.g. to mark the replicas as syncing).
+        keep: Freeze the replicas' in-flight requests during the load instead of aborting them (vLLM's
+            ``pause_generation(mode="keep")``): they continue without a re-prefill, and each result says from which
+            token on it is of ``version``.
 
     Returns:
         A :class:`~.report.SyncReport` (``per_replica_transport`` says which path each replica took).
@@ -398,7 +407,7 @@ async def push_weights_async(
         asyncio.ensure_future(asyncio.to_thread(checksum_state, items)) if expected_checksum is None else None
     )
     plan = BucketPlan.build(items, bucket_bytes, version)
-    push = _Push(plan, replicas, version, transport, on_commit, put=ray.put)
+    push = _Push(plan, replicas, version, transport, on_commit, put=ray.put, keep=keep)
     await push.choose_paths()
     targets, replies = await push.run(staged)
     checksum = expected_checksum if checksum_job is None else await checksum_job

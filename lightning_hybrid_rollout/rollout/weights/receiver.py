@@ -50,8 +50,9 @@ class WeightReceiver(Protocol):
         """Map the trainer's node staging file; False if it is not visible here (another node) or not that file."""
         ...
 
-    async def begin_weight_update(self, version: int, total_bytes: int = 0) -> None:
-        """Open a session for ``version``; ``total_bytes``: what :meth:`load_weight_bucket` calls will bring."""
+    async def begin_weight_update(self, version: int, total_bytes: int = 0, keep: bool = False) -> None:
+        """Open a session for ``version``; ``total_bytes``: what :meth:`load_weight_bucket` calls will bring;
+        ``keep``: freeze in-flight requests in place instead of aborting them."""
         ...
 
     async def load_weight_from_node_staging(self, spans: list[Span]) -> dict[str, Any]:
