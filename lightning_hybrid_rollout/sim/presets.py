@@ -83,6 +83,14 @@ def _improved_runs(train: int, rollout: int) -> list[dict]:
             **base,
             staged_standalone_sync=True,
         ),
+        _dynamic(
+            "dynamic_rate_matched_overlap_early_keep",
+            train,
+            rollout,
+            "rate_matched",
+            **base,
+            standalone_sync_mode="keep",
+        ),
     ]
 
 

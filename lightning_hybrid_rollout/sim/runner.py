@@ -177,7 +177,7 @@ class _Run:
         """
         w = self.world
         w.set_state(w.standalone, "syncing", serving=False)
-        if self.run.standalone_sync_aborts:
+        if self.run.sync_aborts:
             w.abort([r for r in w.standalone if r.members], account="standalone_sync_reprefill")
 
     def _standalone_sync(self) -> float:
@@ -500,7 +500,8 @@ def run_once(scenario: Scenario, run: RunSpec | str, trace_path: str | Path | No
             "enable_rebalance": spec.enable_rebalance,
             "early_first_sync": spec.early_first_sync,
             "staged_standalone_sync": spec.staged_standalone_sync,
-            "standalone_sync_aborts": spec.standalone_sync_aborts,
+            "standalone_sync_aborts": spec.sync_aborts,
+            "standalone_sync_mode": spec.config.standalone_sync_mode,
         }
         trace = TraceWriter(trace_path, meta)
     try:

@@ -338,13 +338,14 @@ class RunSpec:
             the config's ``only_hybrid``).
         hybrid: Whether hybrid replicas live on the trainer's devices.
         async_training: This run's changes to the scenario's ``async_training`` section (keys of :data:`RUN_KEYS`).
-        standalone_sync_aborts: Fidelity option of the simulator (no config key: the runtime always does it), on by
-            default: when the standalone replicas pause for their weight sync (``VLLMEngine.begin_weight_update`` →
+        standalone_sync_aborts: Fidelity option of the simulator, on by default (the run's
+            ``async_training.standalone_sync_mode: keep`` turns the aborts off the way the runtime does): when the
+            standalone replicas pause for their weight sync (``VLLMEngine.begin_weight_update`` →
             ``_abort_all``) their requests in flight are aborted and the rollouter re-sends them with their generated
             prefix (partial rollout), paying the re-prefill (``switch.resume_prefill_ratio``). The pause, and so the
             abort, starts the sync with the seed's sequencing and comes at the commit with ``staged_standalone_sync``
-            (the replicas keep generating while the buckets are staged). Off: a what-if in which the pause keeps the
-            requests (vLLM ``pause_generation(mode="keep")``), which no runtime here implements.
+            (the replicas keep generating while the buckets are staged). Off: the pause keeps the requests (vLLM
+            ``pause_generation(mode="keep")``), what ``standalone_sync_mode: keep`` does.
 
     Example::
 
@@ -444,6 +445,13 @@ class RunSpec:
     def staged_standalone_sync(self) -> bool:
         """``async_training.staged_standalone_sync``."""
         return self.config.staged_standalone_sync
+
+    @property
+    def sync_aborts(self) -> bool:
+        """Whether the standalone weight sync aborts the requests in flight (re-prefilled afterwards): the seed's
+        ``standalone_sync_mode: abort`` with the fidelity option :attr:`standalone_sync_aborts` on; ``keep`` freezes
+        them in place for the load instead (no re-prefill; the pause is the same load)."""
+        return self.standalone_sync_aborts and self.config.standalone_sync_mode == "abort"
 
     @property
     def devices(self) -> int:
@@ -655,6 +663,7 @@ RUN_KEYS: tuple[str, ...] = (
     "overlap_sync",
     "early_first_sync",
     "staged_standalone_sync",
+    "standalone_sync_mode",
 )
 
 #: The workload keys: the same for every run of a scenario (the trainer's batches, the cadence, the staleness).

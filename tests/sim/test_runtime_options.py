@@ -242,6 +242,20 @@ def test_seed_gap_diagnosis_of_the_improvements():
     )
     # staged sync: standalone replicas pause for 5 of the 20 s
     assert staged["standalone_paused_for_sync"] == pytest.approx(early["standalone_paused_for_sync"] / 4, rel=0.01)
+    # keep mode: the same pause, no abort and so no re-prefill at the standalone syncs
+    keep = seed.run("dynamic_rate_matched_overlap_early_keep").gap_s
+    assert keep["reprefill_after_standalone_sync_aborts"] == 0
+    assert keep["standalone_paused_for_sync"] == pytest.approx(early["standalone_paused_for_sync"], rel=0.01)
+
+
+def test_standalone_sync_mode_keep_is_the_runs_config_key_for_the_no_abort_pause():
+    sc = _rollout_bound_tiny()
+    static = next(r for r in sc.runs if r.name == "static")
+    keep = replace_run(sc, "static", async_training={**static.async_training, "standalone_sync_mode": "keep"})
+    spec = next(r for r in keep.runs if r.name == "static")
+    assert spec.standalone_sync_aborts and not spec.sync_aborts  # the config key wins, as in the runtime
+    world = _execute(keep, "static")[0].world
+    assert world.device_account.get("standalone_sync_reprefill", 0.0) == 0.0 and world.cumulative_aborts == 0
 
 
 def test_replace_run_keeps_the_other_runs():
