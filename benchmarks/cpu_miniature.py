@@ -7,7 +7,8 @@ the same tiny model (built and format-warmed once), the same seed and the same n
 
 - ``static_fully_async``: the hybrid replica is started but never lent; rollout runs on the standalone core only;
 - ``default`` (the "dynamic" run): the seed's policy lends the hybrid replica while the trainer waits;
-- optionally ``rate_matched`` (``--policies static_fully_async,default,rate_matched``).
+- ``rate_matched`` (lends on measured rates) and ``hysteresis_ratio`` (verl v1 ``separate_async``'s rule, starting
+  from its own ratio 0.4, ``--hysteresis-start-ratio``); ``--policies`` picks a subset.
 
 The workload is rollout-bound the way real LLM RL is (DESIGN §7): every response is long and sequential (the copy
 task on 16-character strings: 17 tokens per response, up to 24 allowed), 8 samples per prompt, 256 samples per
@@ -23,16 +24,20 @@ placed before the hybrid callback: start-up of Ray, the engines and the model is
 decision and the final weight sync are included), the final reward (mean ``train/reward_mean`` over the last 10%
 of steps, with its standard error), the trainer-wait share ``1 - sum(train_compute_time_s) /
 sum(train_allocated_time_s)``, the hybrid activations, how core 0 was used while the trainer waited (idle, or lent
-to rollout), the switch costs per pool operation and the machine's load average (the machine may be shared). Runs
-alternate (static, dynamic, then dynamic, static, ... with ``--repeats``) so load drift hits both; the speedup is
-the median over repeats of (static wall time / dynamic wall time) of adjacent runs. The LAST line printed is
-exactly ``speedup: X.XX``.
+to rollout), the switch costs per pool operation and the machine's load average (the machine may be shared), then
+the run's balance bound and efficiency with the time breakdown of the simulator
+(:mod:`lightning_hybrid_rollout.run_bound`, from the run's ``trace.json``: the bound from its own training compute,
+tokens trained and the replicas' decode rates while serving; efficiency = bound / the trainer's traced wall time).
+Runs alternate (static, dynamic, then dynamic, static, ... with ``--repeats``) so load drift hits both; the speedup
+is the median over repeats of (static wall time / dynamic wall time) of adjacent runs. The line before the last is
+``best efficiency: 0.XX (policy)`` (the run with the highest efficiency); the LAST line printed is exactly
+``speedup: X.XX``.
 
 Usage::
 
-    .venv/bin/python benchmarks/cpu_miniature.py                      # defaults: 3 x (static, default), ~8-12 min
-    .venv/bin/python benchmarks/cpu_miniature.py --repeats 1 --steps 48 --out runs/cpu_miniature   # ~4-5 min
-    .venv/bin/python benchmarks/cpu_miniature.py --policies static_fully_async,default,rate_matched
+    .venv/bin/python benchmarks/cpu_miniature.py                      # defaults: 3 x 4 policies, ~16-24 min
+    .venv/bin/python benchmarks/cpu_miniature.py --repeats 1 --steps 48 --out runs/cpu_miniature   # ~8-10 min
+    .venv/bin/python benchmarks/cpu_miniature.py --policies static_fully_async,default
     .venv/bin/python benchmarks/cpu_miniature.py --rebalance          # the seed's rebalance after activation
 
 See docs/cpu_miniature.md for the measured figures and the caveats.
@@ -56,6 +61,8 @@ from pathlib import Path
 from typing import Any
 
 STATIC = "static_fully_async"
+#: The policies run by default: the baseline first.
+DEFAULT_POLICIES = (STATIC, "default", "rate_matched", "hysteresis_ratio")
 
 
 # ----------------------------------------------------------------------------------------------------- worker
@@ -261,6 +268,16 @@ def _trainer_waits(run_dir: Path) -> tuple[float, float]:
     return with_hybrid, parked
 
 
+def _bound(run_dir: Path) -> Any:
+    """The run's balance bound, efficiency and breakdown (``run_bound.RunReport``), or None without a trace."""
+    from lightning_hybrid_rollout.run_bound import read_run
+
+    try:
+        return read_run(run_dir)
+    except (OSError, ValueError):
+        return None
+
+
 def _summarize(run_dir: Path, report: dict[str, Any]) -> dict[str, Any]:
     """Per-run figures from the run's metrics.csv and the worker's report."""
     with open(run_dir / "metrics.csv", newline="") as f:
@@ -284,7 +301,11 @@ def _summarize(run_dir: Path, report: dict[str, Any]) -> dict[str, Any]:
     lengths = _floats(rows, "train/response_length_mean")
     kept = _floats(rows, "train/kept_fraction")
     wait_hybrid_s, wait_parked_s = _trainer_waits(run_dir)
+    bound = _bound(run_dir)
     return {
+        "bound_s": bound.bound_s if bound is not None else None,
+        "efficiency": bound.efficiency if bound is not None else None,
+        "bound_lines": bound.lines() if bound is not None else ["balance bound: no trace.json"],
         "wait_hybrid_s": wait_hybrid_s,
         "wait_parked_s": wait_parked_s,
         "train_wall_s": report["train_wall_s"],
@@ -330,7 +351,7 @@ def _run_one(
         "response_length": args.response_length,
         "prompt_length": args.prompt_length,
         "concurrency": args.concurrency,
-        "deactivate_ratio": args.deactivate_ratio,
+        "deactivate_ratio": _start_ratio(policy, args),
         "rebalance": args.rebalance,
         "staleness": args.staleness,
         "trigger": args.trigger,
@@ -409,13 +430,18 @@ def _line(tag: str, s: dict[str, Any], total_s: float) -> str:
         )
     cycle_s = sec("HybridRolloutCallback._log_cycle") + sec("HybridRolloutCallback._emit_cycle")
     detail += f", cycle metrics {cycle_s:.1f} s, weight gather {sec('HybridRolloutCallback._gather_weights'):.1f} s"
-    return head + "\n" + detail
+    return "\n".join([head, detail, *(f"{'':<24} {line}" for line in s["bound_lines"])])
+
+
+def _start_ratio(policy: str, args: argparse.Namespace) -> float:
+    """The policy's starting ``deactivate_ratio``: ``hysteresis_ratio`` starts from its own (verl's 0.4)."""
+    return args.hysteresis_start_ratio if policy == "hysteresis_ratio" else args.deactivate_ratio
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--policies", default=f"{STATIC},default", help="comma-separated; the first must be static")
+    p.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help="comma-separated; the first must be static")
     p.add_argument("--speedup-policy", default="default", help="the dynamic policy of the last line")
     p.add_argument("--repeats", type=int, default=3, help="rounds of (static, dynamic, ...), order alternating")
     p.add_argument("--steps", type=int, default=64, help="optimizer steps per run")
@@ -430,7 +456,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--mini-batch", type=int, default=256, help="samples per optimizer step")
     p.add_argument("--trigger", type=int, default=4, help="optimizer steps per weight sync")
     p.add_argument("--staleness", type=float, default=0.5)
-    p.add_argument("--deactivate-ratio", type=float, default=0.3)
+    p.add_argument("--deactivate-ratio", type=float, default=0.3, help="starting ratio (all but hysteresis_ratio)")
+    p.add_argument(
+        "--hysteresis-start-ratio", type=float, default=0.4, help="hysteresis_ratio's starting ratio (verl's 0.4)"
+    )
     p.add_argument(
         "--rebalance",
         action=argparse.BooleanOptionalAction,
@@ -466,8 +495,9 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"cpu_miniature: task {args.task} {_task_kwargs(args)}, response_length "
         f"{args.response_length}, n {args.n}, mini_batch {args.mini_batch}, trigger {args.trigger}, staleness "
-        f"{args.staleness}, rebalance {'on' if args.rebalance else 'off'}, model hidden {args.hidden} x {args.layers} "
-        f"layers, {args.steps} steps per run, "
+        f"{args.staleness}, rebalance {'on' if args.rebalance else 'off'}, starting ratio "
+        f"{', '.join(f'{pol} {_start_ratio(pol, args):g}' for pol in policies[1:])}, model hidden {args.hidden} x "
+        f"{args.layers} layers, {args.steps} steps per run, "
         f"{args.repeats} repeat(s); model built + warmed in {build_s:.1f} s; run dirs under {work}"
     )
     results: dict[str, list[dict[str, Any]]] = {pol: [] for pol in policies}
@@ -495,7 +525,8 @@ def _pooled(runs: list[dict[str, Any]]) -> tuple[float, float]:
 
 
 def _report(policies: list[str], results: dict[str, list[dict[str, Any]]], speedup_policy: str) -> None:
-    """Per-policy medians, the speedups and the reward comparison; the last line is ``speedup: X.XX``."""
+    """Per-policy medians, the speedups and the reward comparison; the line before the last is the best run's
+    efficiency, the last line ``speedup: X.XX``."""
     static = results[STATIC]
     for pol in policies:
         rs = results[pol]
@@ -521,6 +552,12 @@ def _report(policies: list[str], results: dict[str, list[dict[str, Any]]], speed
             f"{d_mean - s_mean:+.3f} vs static, {verdict} (2 x combined s.e. {noise:.3f}"
             + (f", static run-to-run spread {spread:.3f})" if len(static) > 1 else ")")
         )
+    measured = [(r["efficiency"], pol) for pol in policies for r in results[pol] if r.get("efficiency") is not None]
+    if measured:
+        best, best_policy = max(measured)
+        print(f"best efficiency: {best:.2f} ({best_policy})")
+    else:
+        print("best efficiency: not measurable (no run's trace carries the bound's terms)")
     print(f"speedup: {speedups[speedup_policy]:.2f}")
 
 

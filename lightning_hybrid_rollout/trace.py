@@ -21,6 +21,12 @@ Tracks are named ``"group/name"``: the group becomes a trace *process*, the name
   ``training``, ``weight_sync`` (``args.target``: ``standalone`` or ``hybrid``), ``switching`` (hybrid
   activation/deactivation, ``args.op``).
 * counters ("C"): :data:`QUEUE_DEPTH` (samples in the message queue) and :data:`IN_FLIGHT` (samples being generated).
+  The runtime also writes, at each sync cycle's end, running totals since training began: :data:`TRAINED_SAMPLES`
+  and :data:`TRAINED_TOKENS` (the batches the trainer took, response tokens) and, per replica role,
+  ``decoded_tokens.<role>`` / ``serving_s.<role>`` (:data:`DECODED_TOKENS`, :data:`SERVING_S`; ``role`` is
+  ``standalone`` or ``hybrid``: the tokens the role's replicas decoded and the seconds it was serving, from the
+  rollouter's role windows). A real run's balance bound is computed from them
+  (:mod:`lightning_hybrid_rollout.run_bound`).
 * per-step metrics: one instant event ("i") :data:`STEP_METRICS` on the trainer track per sync cycle, with
   ``args = {"step": n, "<metric name>": value, ...}`` (the ``dynamic_resource/*`` names of
   :mod:`lightning_hybrid_rollout.metrics`), plus one counter per metric so Perfetto draws them as tracks.
@@ -55,10 +61,14 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "DECODED_TOKENS",
     "IN_FLIGHT",
     "QUEUE_DEPTH",
     "REPLICA_STATES",
+    "SERVING_S",
     "STEP_METRICS",
+    "TRAINED_SAMPLES",
+    "TRAINED_TOKENS",
     "TRAINER_PHASES",
     "TRAINER_TRACK",
     "Counter",
@@ -82,6 +92,14 @@ QUEUE_DEPTH = "queue_depth"
 IN_FLIGHT = "in_flight"
 #: Instant event carrying one sync cycle's metrics.
 STEP_METRICS = "step_metrics"
+#: Counter (running total): samples the trainer took from the queue.
+TRAINED_SAMPLES = "trained_samples"
+#: Counter (running total): response tokens of those samples.
+TRAINED_TOKENS = "trained_tokens"
+#: Counter prefix (running total, ``decoded_tokens.<role>``): tokens a replica role decoded (aborted segments included).
+DECODED_TOKENS = "decoded_tokens"
+#: Counter prefix (running total, ``serving_s.<role>``): seconds a replica role was serving (routable, not syncing).
+SERVING_S = "serving_s"
 
 _US = 1e6
 _COUNTER_PID = 0  # counters live in their own process, "counters"

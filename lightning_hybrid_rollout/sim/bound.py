@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from lightning_hybrid_rollout.sim.scenario import ReplicaModel, RunSpec, Scenario
 from lightning_hybrid_rollout.sim.world import SimSample
 
-__all__ = ["balance_bound", "bound_terms", "peak_tokens_per_device_s"]
+__all__ = ["balance_bound", "bound_from_terms", "bound_terms", "peak_tokens_per_device_s"]
 
 
 def peak_tokens_per_device_s(scenario: Scenario, model: ReplicaModel, version: float) -> float:
@@ -35,8 +35,39 @@ def balance_bound(
     version itself, see ``RunSpec.early_first_sync``).
     """
     gen, rho = bound_terms(scenario, samples, progress_at)
-    T, S = run.train_devices, run.rollout_devices
-    return max(train_device_s / T, (gen + rho * train_device_s) / (S + rho * T))
+    return bound_from_terms(run.train_devices, run.rollout_devices, train_device_s, gen, rho)
+
+
+def bound_from_terms(
+    train_devices: float, rollout_devices: float, train_device_s: float, generation_device_s: float, rho: float = 1.0
+) -> float:
+    """The balance bound from its terms: ``max(W/T, (G + ρ·W) / (S + ρ·T))``, in seconds.
+
+    The one formula of the bound, for a simulated run (:func:`balance_bound`) and a real one
+    (:mod:`lightning_hybrid_rollout.run_bound`, ``lhr report``): they differ only in how the terms are measured.
+
+    Args:
+        train_devices: ``T``, the trainer's devices (> 0; hybrid replicas generate on them).
+        rollout_devices: ``S``, the standalone replicas' devices (0: colocated).
+        train_device_s: ``W``, training compute in device-seconds (wall seconds of training × ``T``).
+        generation_device_s: ``G``, the trained samples' tokens in standalone device-seconds (tokens / the
+            standalone rate per device).
+        rho: ``ρ``, a trainer device's decode rate as a share of a standalone device's (hybrid / standalone per device).
+
+    Example::
+
+        >>> bound_from_terms(1, 1, 27.8, 85.0)  # (85 + 27.8) / 2
+        56.4
+    """
+    T, S = float(train_devices), float(rollout_devices)
+    if T <= 0 or S < 0 or rho < 0 or (S + rho * T) <= 0:
+        raise ValueError(
+            f"the balance bound needs train_devices > 0, rollout_devices >= 0, rho >= 0 and some device that "
+            f"generates; got T={train_devices}, S={rollout_devices}, rho={rho}"
+        )
+    if train_device_s < 0 or generation_device_s < 0:
+        raise ValueError(f"work must be >= 0, got W={train_device_s}, G={generation_device_s}")
+    return max(train_device_s / T, (generation_device_s + rho * train_device_s) / (S + rho * T))
 
 
 def bound_terms(

@@ -13,10 +13,12 @@ each run's time beyond the balance bound went (:data:`~lightning_hybrid_rollout.
 :mod:`lightning_hybrid_rollout.plots` (timelines, ``mq_size.png``, ``utilization.png``, ``breakdown.png``).
 ``--list-presets`` lists the presets, ``--dump-preset NAME`` prints one as YAML (a starting point for your own).
 
-``lhr report RUN_DIR [--out DIR] [--window START END]`` renders a real run's trace (``RUN_DIR/trace.json``, or every
-``trace*.json`` there) into the same PNGs (default output: ``RUN_DIR/plots``). Per-step metrics come from the trace's
-``step_metrics`` events or, if it has none, from ``RUN_DIR/metrics.jsonl`` (one JSON object per line with a
-``"step"`` key and ``dynamic_resource/*`` keys).
+``lhr report RUN_DIR [--out DIR] [--window START END] [--train-devices N]`` prints, per trace, the run's balance
+bound, its efficiency and where the trainer's time went (:mod:`lightning_hybrid_rollout.run_bound`: the simulator's
+bound from the run's own measurements), then renders the trace (``RUN_DIR/trace.json``, or every ``trace*.json``
+there) into the same PNGs (default output: ``RUN_DIR/plots``) and prints their paths, one per line. Per-step metrics
+come from the trace's ``step_metrics`` events or, if it has none, from ``RUN_DIR/metrics.jsonl`` (one JSON object per
+line with a ``"step"`` key and ``dynamic_resource/*`` keys).
 
 Example::
 
@@ -250,13 +252,33 @@ def _plot_result(result: ScenarioResult, out: Path) -> list[Path]:
 def _report_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="lhr report",
-        description="Render a run's trace (RUN_DIR/trace.json) into the PNGs of `lhr simulate --plot`.",
+        description="Print a run's balance bound, efficiency and time breakdown from its trace (RUN_DIR/trace.json) "
+        "and render the trace into the PNGs of `lhr simulate --plot`.",
     )
     p.add_argument("run_dir", help="the run folder holding trace.json (and optionally metrics.jsonl)")
     p.add_argument("--out", help="output folder (default: RUN_DIR/plots)")
     p.add_argument("--window", nargs=2, type=float, metavar=("START_S", "END_S"), help="timeline window in seconds")
     p.add_argument("--cycles", type=int, default=3, help="sync cycles in the automatic timeline window (default 3)")
+    p.add_argument(
+        "--train-devices",
+        type=float,
+        help="the trainer's devices for the balance bound (default: as the trace describes them)",
+    )
     return p
+
+
+def _print_bound(name: str, trace: object, train_devices: float | None) -> None:
+    """The run's balance bound, efficiency and breakdown (``run_bound``), three indented lines under its name."""
+    from lightning_hybrid_rollout.run_bound import report_from_trace
+
+    try:
+        report = report_from_trace(trace, name, train_devices)  # type: ignore[arg-type]
+    except ValueError as err:  # no trainer span: nothing to break down
+        print(f"{name}: {err}")
+        return
+    print(f"{name}:")
+    for line in report.lines():
+        print(f"  {line}")
 
 
 def _merge_metrics_jsonl(trace: object, path: Path) -> int:
@@ -318,6 +340,8 @@ def report_main(argv: Sequence[str] | None = None) -> int:
                 except ValueError as err:
                     print(f"lhr report: {err}", file=sys.stderr)
                     return 1
+    for name, trace in traces.items():
+        _print_bound(name, trace, args.train_devices)
     out = Path(args.out) if args.out else run_dir / "plots"
     paths = render_traces(traces, out, window=tuple(args.window) if args.window else None, cycles=args.cycles)
     for p in paths:
