@@ -24,8 +24,14 @@ and decides from those numbers:
   never activates (the seed's step 3), whatever the switch costs.
 * **economic order quantity**: when activating, the queue may be topped up by one more cycle's expected deficit (the
   queue drop over the last cycle plus what it waited for) if that is small enough to stay well inside the staleness
-  headroom (half of ``buffer_samples``: queued samples count against the next version's budget); the next cycle then
-  skips its own switch. Only with a measured deficit; in a rollout-bound regime it is large and this is not tried.
+  headroom; the next cycle then skips its own switch. Only with a measured deficit; in a rollout-bound regime it is
+  large and this is not tried.
+* **staleness budget**: samples still queued or in flight at a weight sync are carried into the next version and
+  count against its budget (the rollouter admits while ``staleness + group <= max_required_samples``, so at most
+  ``max_required_samples - step_required_samples`` = ``buffer_samples`` are carried out of a full cycle). The
+  policy plans to spend at most half of it: the threshold never exceeds ``step_required_samples`` (the cycle's own
+  consumption) and the top-up is at most ``buffer_samples // 2`` samples (:attr:`CycleForecast.top_up`), none at
+  all with ``staleness_threshold: 0`` (``buffer_samples == 0``).
 * **rates** (cold start and fallbacks): standalone and hybrid decode throughput (tokens per serving second), trainer
   seconds per token and a Holt forecast of the mean response length give nominal samples/s and seconds/sample.
 * **cold start**: before one cycle has been measured it does not activate (measure first: it cannot know whether
@@ -119,6 +125,8 @@ class CycleForecast:
         wait_without_s: Predicted trainer wait over the cycle without hybrid help.
         cost_with_s: Predicted activation + hybrid wait + deactivation with hybrid help.
         activate: The gate's answer.
+        top_up: Samples of ``threshold`` that are the economic-order top-up for the next cycle (0 when not
+            topped up); at most ``buffer_samples // 2``, the share of the staleness budget the policy may spend.
     """
 
     standalone_rate: float
@@ -128,6 +136,7 @@ class CycleForecast:
     wait_without_s: float
     cost_with_s: float
     activate: bool
+    top_up: int = 0
 
 
 class _Holt:
@@ -401,21 +410,43 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
         cost_with = activation_cost(threshold)
         # Option "activate and top up one more cycle" (economic order quantity): if the next cycle's expected
         # deficit is small, the next cycle can skip its own switch; credit what it would pay. Queued samples count
-        # against the next version's staleness budget, so the top-up must stay well inside the buffer headroom
-        # (half of ``buffer_samples``); in a rollout-bound regime the deficit is large and it is not tried.
-        # Only a measured deficit counts: with none (nothing measured, or only a short first cycle) the next cycle
-        # may need no switch at all, and crediting one would activate for the slack alone.
+        # against the next version's staleness budget, so the top-up must stay well inside it: at most
+        # ``staleness_headroom`` (half of ``buffer_samples``, none without a budget); in a rollout-bound regime the
+        # deficit is large and it is not tried. Only a measured deficit counts: with none (nothing measured, or
+        # only a short first cycle) the next cycle may need no switch at all, and crediting one would activate for
+        # the slack alone.
         measured_deficit = max(0.0, est["deficit"] or 0.0)
         next_deficit = measured_deficit + self.target_slack_fraction * R
-        headroom = 0.5 * (ctx.buffer_samples if ctx.buffer_samples > 0 else 0.5 * K)
-        if measured_deficit > 0 and next_deficit <= headroom and threshold + next_deficit <= K:
-            extended = math.ceil(threshold + next_deficit)
-            avoided = min(next_deficit * idle_s, act + deact + next_deficit * hybrid_s)
-            extended_cost = activation_cost(extended) - avoided
-            if extended_cost < cost_with:
-                threshold, cost_with = extended, extended_cost
+        top_up = 0
+        if measured_deficit > 0:
+            extra = math.ceil(next_deficit)
+            if extra <= self.staleness_headroom(ctx) and threshold + extra <= K:
+                avoided = min(next_deficit * idle_s, act + deact + next_deficit * hybrid_s)
+                extended_cost = activation_cost(threshold + extra) - avoided
+                if extended_cost < cost_with:
+                    threshold, cost_with, top_up = threshold + extra, extended_cost, extra
         activate = deficit > 0 and wait_without * (1.0 - self.gate_margin_fraction) > cost_with + self.gate_margin_s
-        return CycleForecast(ps, ps + ph, c, threshold, wait_without, cost_with, activate)
+        return CycleForecast(ps, ps + ph, c, threshold, wait_without, cost_with, activate, top_up)
+
+    @staticmethod
+    def staleness_headroom(ctx: DynamicScheduleContext) -> int:
+        """Samples the economic-order top-up may plan to carry into the next version: ``buffer_samples // 2``.
+
+        ``buffer_samples`` (``int(step_required_samples × staleness_threshold)``) is the staleness budget: the most
+        samples a full cycle can carry over a weight sync (queued or in flight) without the rollouter's admission
+        bound, ``max_required_samples``, blocking. The policy plans to spend at most half of it (the rest absorbs the
+        requests standalone replicas hold in flight at the sync and the forecast's error); with
+        ``staleness_threshold: 0`` (or a context without the budget) it plans none.
+
+        Args:
+            ctx: The decision context.
+
+        Example::
+
+            ctx = RateScheduleContext(required_samples=128, trigger_parameter_sync_step=4, buffer_samples=256)
+            assert RateMatchedDynamicSchedulePolicy.staleness_headroom(ctx) == 128
+        """
+        return max(0, int(ctx.buffer_samples)) // 2
 
     # ---------------------------------------------------------------------------------------------- decisions
 

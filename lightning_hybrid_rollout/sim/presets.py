@@ -91,6 +91,17 @@ def _improved_runs(train: int, rollout: int) -> list[dict]:
             **base,
             standalone_sync_mode="keep",
         ),
+        # both sync options at once (the runtime's standalone push takes ``staged`` and ``keep`` together): the
+        # replicas pause only for the commit, and the commit freezes their requests instead of aborting them
+        _dynamic(
+            "dynamic_rate_matched_overlap_early_staged_keep",
+            train,
+            rollout,
+            "rate_matched",
+            **base,
+            staged_standalone_sync=True,
+            standalone_sync_mode="keep",
+        ),
     ]
 
 

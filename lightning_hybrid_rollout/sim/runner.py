@@ -121,6 +121,7 @@ class _Run:
         self._overlap_hybrid_sync_s = 0.0
         self._cycle_hybrid_sync_s = 0.0
         self._cycle_activation_s = 0.0
+        self._cycle_staleness = (0, 0)  # (staleness at the version's end, staleness carried into the next)
         self._breakdown_at_cycle_start = dict(self.breakdown)
 
     # -------------------------------------------------------------------------------------------- helpers
@@ -343,6 +344,9 @@ class _Run:
                     if v < last_v:
                         end = self._after_sync(v + 1)
                 ledger.end_step(allocated_s=w.now - t_gen, step_s=w.now - t_step)
+            # staleness_samples only grows within a version's window: its value now is the budget the version used;
+            # the reset carries the samples queued or in flight into the next version's count
+            self._cycle_staleness = (w.staleness_samples, w.outstanding + w.queue_size)
             history, generated = w.reset_staleness()
             self._emit_cycle(v + 1, sync_s, end, history, generated)
         w.close_spans()
@@ -384,6 +388,9 @@ class _Run:
         if ratio is not None:
             out["sim/deactivate_ratio"] = float(ratio)
         out["sim/activation_s"] = self._cycle_activation_s
+        # the staleness budget: samples counted against the closing version (<= max_required_samples, the
+        # rollouter's admission bound) and samples carried into the next one (queued or in flight at the sync)
+        out["sim/staleness_samples"], out["sim/carried_samples"] = map(float, self._cycle_staleness)
         out["sim/time_s"] = self.world.now
         out["sim/step"] = float(step)
         for key, value in self.breakdown.items():

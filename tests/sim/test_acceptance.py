@@ -48,6 +48,7 @@ RATE_MATCHED_RUNS = (
     "dynamic_rate_matched_overlap",
     "dynamic_rate_matched_overlap_early",
     "dynamic_rate_matched_overlap_early_staged",
+    "dynamic_rate_matched_overlap_early_staged_keep",
 )
 
 
