@@ -695,6 +695,13 @@ class RolloutConfig(_ConfigBase):
     takes its weights resets the count). When no replica is left and none can start, the fit saves a checkpoint
     and stops with a ``ReplicaFailureError``."""
 
+    deactivation_drain_s: float = 0.0
+    """Drain budget in seconds when hybrid replicas are deactivated: requests on them that will finish within it
+    (estimated from their remaining tokens and their measured decode rate) complete instead of being aborted; the
+    others are aborted at once and continue elsewhere from their prefix (a re-prefill); a deadline (the budget plus
+    a small margin) aborts any still running, so none is left on a sleeping replica. The trainer waits meanwhile,
+    so keep it near the abort's own cost (e.g. 0.15). 0 = the seed's deactivation: abort everything at once."""
+
     def __post_init__(self) -> None:
         c = _Checker(self.SECTION)
         if not isinstance(self.model_path, str):
@@ -758,6 +765,12 @@ class RolloutConfig(_ConfigBase):
             self.max_replica_restarts,
             0,
             "Use 0 (never replace a dead replica) or a small count such as 3.",
+        )
+        c.real(
+            "deactivation_drain_s",
+            self.deactivation_drain_s,
+            "Use 0 (abort everything, the seed's deactivation) or a small budget such as 0.15 seconds.",
+            low=0.0,
         )
         self._check_engine_fields(c)
         c.raise_if_any()

@@ -391,3 +391,12 @@ def test_the_wait_timeout_is_an_async_training_key():
     assert AsyncTrainingConfig().wait_timeout_s == 600.0
     with pytest.raises(ConfigError, match=re.escape("async_training.wait_timeout_s")):
         AsyncTrainingConfig(wait_timeout_s=0)
+
+
+def test_the_deactivation_drain_budget_is_a_non_negative_rollout_key():
+    assert RolloutConfig().deactivation_drain_s == 0.0  # the seed's deactivation: abort everything
+    assert RolloutConfig(deactivation_drain_s=0.15).deactivation_drain_s == 0.15
+    for bad in (-0.1, "0.1", float("nan")):
+        with pytest.raises(ConfigError, match=re.escape("rollout.deactivation_drain_s must be a number >= 0")) as err:
+            RolloutConfig(deactivation_drain_s=bad)  # type: ignore[arg-type]
+        assert len(err.value.problems) == 1

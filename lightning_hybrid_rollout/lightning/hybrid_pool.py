@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from lightning_hybrid_rollout.errors import ReplicaDeadError, is_replica_dead_error
+from lightning_hybrid_rollout.rollout.drain import DrainReport
 
 __all__ = ["HybridReplicaPool", "NoTrainer", "OverlapReport", "TrainerLink"]
 
@@ -120,6 +121,9 @@ class HybridReplicaPool:
         self.calls: list[str] = []
         #: Seconds of hybrid weight pushes not yet reported in a cycle's ``weight_sync_time_s``.
         self.cycle_sync_s = 0.0
+        #: What the last deactivation's abort step did (``rollout.deactivation_drain_s``), and the run's sum.
+        self.last_drain = DrainReport()
+        self.drain_total = DrainReport()
 
     @property
     def replicas(self) -> list[Any]:
@@ -227,9 +231,17 @@ class HybridReplicaPool:
         self._rt.set_state(self.ids, "switching")
 
     def abort_replicas(self) -> None:
+        """Abort the hybrid replicas' in-flight requests; with ``rollout.deactivation_drain_s > 0`` those that will
+        finish within that budget complete first (a drain). Returns once none is left on them either way."""
         self.calls.append("abort_replicas")
-        if self.registered:
-            self._rt.rollouter.abort_replicas(self.ids)
+        self.last_drain = DrainReport()
+        if not self.registered:
+            return
+        budget = float(getattr(self._rt.rollout, "deactivation_drain_s", 0.0))
+        self.last_drain = self._rt.rollouter.drain_replicas(self.ids, budget)
+        self.drain_total = self.drain_total + self.last_drain
+        if self.last_drain.requests:
+            log.debug("hybrid deactivation (drain budget %.3fs): %s", budget, self.last_drain)
 
     def sleep_replicas(self) -> None:
         self.calls.append("sleep_replicas")
