@@ -27,8 +27,8 @@ replacement (~15-30 s on 2 cores): kills and joins then happen while requests ar
 replacement serving its from-disk weights would show (a replacement that joins while the rollouter is idle gets the
 next version's push before any request).
 
-Every engine request is observed (``ReplicaHandle.generate`` is wrapped in this process: replica, actor generation,
-reported weight version, tokens, send and return times). At the end it checks:
+Every engine request is observed (``ReplicaHandle.generate_group`` is wrapped in this process: replica, actor
+generation, reported weight version, tokens, send and return times). At the end it checks:
 
 - **exactly once**: every prompt of the stream yields exactly ``n`` samples (its group ``g<k>``, the prompt text
   matching the stream's ``k``-th prompt), no sample uid is delivered twice, none is missing (``lost``), and the
@@ -88,7 +88,7 @@ log = logging.getLogger("chaos_soak")
 
 @dataclasses.dataclass(frozen=True)
 class Segment:
-    """One engine request that came back (``ReplicaHandle.generate`` returned)."""
+    """One engine request that came back (its ``ReplicaHandle.generate_group`` call returned)."""
 
     request_id: str
     replica_id: str
@@ -112,7 +112,7 @@ class Segment:
 
 
 class Observer:
-    """Wraps ``ReplicaHandle.generate`` (class level, this process only) to record every engine request."""
+    """Wraps ``ReplicaHandle.generate_group`` (class level, this process only) to record every engine request."""
 
     def __init__(self) -> None:
         self.sent = 0
@@ -124,35 +124,39 @@ class Observer:
 
         from lightning_hybrid_rollout.rollout.replica import ReplicaHandle
 
-        original = ReplicaHandle.generate
+        original = ReplicaHandle.generate_group
         observer = self
 
         @functools.wraps(original)
-        async def observed(handle: Any, request_id: str, prompt_token_ids: list[int], sampling: Any) -> Any:
+        async def observed(handle: Any, requests: list[Any]) -> Any:
             t_send = time.monotonic()
-            observer.sent += 1
+            observer.sent += len(requests)
             try:
-                result = await original(handle, request_id, prompt_token_ids, sampling)
+                results = await original(handle, requests)
             except BaseException:
-                observer.failed += 1
+                observer.failed += len(requests)
                 raise
-            observer.segments.append(
-                Segment(
-                    request_id=request_id,
-                    replica_id=handle.replica_id,
-                    generation=int(handle.spec.generation),
-                    version=int(result.weight_version),
-                    tokens=len(result.token_ids),
-                    max_tokens=int(sampling.max_tokens),
-                    finish=str(result.finish_reason),
-                    rejected=bool(result.info.get("rejected")),
-                    t_send=t_send,
-                    t_ret=time.monotonic(),
+            for (request_id, _, sampling), result in zip(requests, results):
+                if isinstance(result, BaseException):
+                    observer.failed += 1
+                    continue
+                observer.segments.append(
+                    Segment(
+                        request_id=request_id,
+                        replica_id=handle.replica_id,
+                        generation=int(handle.spec.generation),
+                        version=int(result.weight_version),
+                        tokens=len(result.token_ids),
+                        max_tokens=int(sampling.max_tokens),
+                        finish=str(result.finish_reason),
+                        rejected=bool(result.info.get("rejected")),
+                        t_send=t_send,
+                        t_ret=time.monotonic(),
+                    )
                 )
-            )
-            return result
+            return results
 
-        ReplicaHandle.generate = observed  # type: ignore[method-assign]
+        ReplicaHandle.generate_group = observed  # type: ignore[method-assign]
 
 
 class VersionLedger:

@@ -118,17 +118,19 @@ def _instrument() -> dict[str, list[float]]:
     # Tokens each replica produced (finished and aborted segments alike): how much the hybrid replica added.
     from lightning_hybrid_rollout.rollout.replica import ReplicaHandle
 
-    generate = ReplicaHandle.generate
+    generate_group = ReplicaHandle.generate_group
 
-    @functools.wraps(generate)
-    async def counted(self: Any, *a: Any, **kw: Any) -> Any:
-        result = await generate(self, *a, **kw)
+    @functools.wraps(generate_group)
+    async def counted(self: Any, requests: Any) -> Any:
+        results = await generate_group(self, requests)
         entry = timings.setdefault(f"tokens.{self.replica_id}", [0, 0.0])
-        entry[0] += 1
-        entry[1] += len(result.token_ids)
-        return result
+        for result in results:
+            if not isinstance(result, BaseException):
+                entry[0] += 1
+                entry[1] += len(result.token_ids)
+        return results
 
-    ReplicaHandle.generate = counted  # type: ignore[method-assign]
+    ReplicaHandle.generate_group = counted  # type: ignore[method-assign]
     return timings
 
 
@@ -178,6 +180,7 @@ def _worker(spec_path: str) -> None:
             temperature=1.0,
             kv_cache_memory_bytes=64 * 2**20,
             seed=spec["seed"],
+            **spec["overrides"].get("rollout", {}),
         ),
         async_training=AsyncTrainingConfig(
             use_dynamic_resource_scheduling=True,
@@ -187,6 +190,7 @@ def _worker(spec_path: str) -> None:
             staleness_threshold=spec["staleness"],
             trigger_parameter_sync_step=spec["trigger"],
             mini_batch_size=spec["mini_batch"],
+            **spec["overrides"].get("async_training", {}),
         ),
         task=spec["task"],
         task_kwargs=spec["task_kwargs"],
@@ -353,6 +357,7 @@ def _run_one(
         "concurrency": args.concurrency,
         "deactivate_ratio": _start_ratio(policy, args),
         "rebalance": args.rebalance,
+        "overrides": _overrides(args.set),
         "staleness": args.staleness,
         "trigger": args.trigger,
         "mini_batch": args.mini_batch,
@@ -438,6 +443,20 @@ def _start_ratio(policy: str, args: argparse.Namespace) -> float:
     return args.hysteresis_start_ratio if policy == "hysteresis_ratio" else args.deactivate_ratio
 
 
+def _overrides(items: list[str]) -> dict[str, dict[str, Any]]:
+    """``["async_training.standalone_sync_mode=keep", ...]`` -> ``{"async_training": {...}}`` (YAML-typed values)."""
+    import yaml
+
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        section, dot, name = key.partition(".")
+        if not sep or not dot or section not in ("rollout", "async_training"):
+            raise SystemExit(f"--set {item!r}: expected rollout.NAME=VALUE or async_training.NAME=VALUE")
+        out.setdefault(section, {})[name] = yaml.safe_load(value)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -459,6 +478,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--deactivate-ratio", type=float, default=0.3, help="starting ratio (all but hysteresis_ratio)")
     p.add_argument(
         "--hysteresis-start-ratio", type=float, default=0.4, help="hysteresis_ratio's starting ratio (verl's 0.4)"
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.NAME=VALUE",
+        help="a rollout.* or async_training.* setting for every run, e.g. async_training.standalone_sync_mode=keep",
     )
     p.add_argument(
         "--rebalance",

@@ -3,7 +3,8 @@
 Two real vLLM replicas (tiny model, one pinned core each, in Ray) serve the same requests (same prompts, same
 per-request seeds, so the same tokens) at the same concurrency, two ways:
 
-- **direct**: ``concurrency_per_replica`` asyncio workers per replica call ``ReplicaHandle.generate`` in a loop;
+- **direct**: asyncio workers call ``ReplicaHandle.generate_group`` (one call per prompt group, as the rollouter
+  does) in a loop, ``concurrency_per_replica // n`` workers per replica, so the same number of samples in flight;
 - **rollouter**: the :class:`Rollouter` (its own loop thread, load balancer, staleness bookkeeping, utilization
   history, reward, message queue) with ``concurrent_samples_per_replica`` = the same number; the trainer thread
   waits on the queue.
@@ -30,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_hybrid_rollout.rollout.engine import GenerationResult, SamplingSpec
+from lightning_hybrid_rollout.rollout.engine import GenerationResult, GroupRequest, SamplingSpec, generate_group
 from lightning_hybrid_rollout.rollout.message_queue import MessageQueue
 from lightning_hybrid_rollout.rollout.rollouter import Rollouter
 
@@ -39,9 +40,10 @@ def _prompts(n_prompts: int) -> list[str]:
     return [f"{(7 * i) % 100}+{(13 * i) % 100}=" for i in range(n_prompts)]
 
 
-async def _direct(replicas: list[Any], work: list[tuple[str, list[int], SamplingSpec]], per_replica: int) -> int:
-    """Same requests straight to the handles, ``per_replica`` concurrent workers per replica; returns tokens."""
-    queue: asyncio.Queue[tuple[str, list[int], SamplingSpec]] = asyncio.Queue()
+async def _direct(replicas: list[Any], work: list[list[GroupRequest]], per_replica: int) -> int:
+    """Same requests straight to the handles, one ``generate_group`` call per prompt group (as the rollouter makes),
+    with ``per_replica`` samples in flight per replica (``per_replica // n`` group workers); returns tokens."""
+    queue: asyncio.Queue[list[GroupRequest]] = asyncio.Queue()
     for item in work:
         queue.put_nowait(item)
     tokens = 0
@@ -50,13 +52,15 @@ async def _direct(replicas: list[Any], work: list[tuple[str, list[int], Sampling
         nonlocal tokens
         while True:
             try:
-                rid, ids, spec = queue.get_nowait()
+                group = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            result = await replica.generate(rid, ids, spec)
-            tokens += len(result.token_ids)
+            for result in await generate_group(replica, group):
+                assert isinstance(result, GenerationResult), result
+                tokens += len(result.token_ids)
 
-    await asyncio.gather(*(worker(r) for r in replicas for _ in range(per_replica)))
+    workers = max(1, per_replica // len(work[0]))
+    await asyncio.gather(*(worker(r) for r in replicas for _ in range(workers)))
     return tokens
 
 
@@ -64,10 +68,12 @@ def _run_direct(replicas, prompts, tokenize, args, tag: str) -> tuple[float, int
     work = []
     for g, text in enumerate(prompts):
         ids = tokenize(text)
+        group = []
         for k in range(args.n):
             seed = args.seed + g * args.n + k
             spec = SamplingSpec(max_tokens=args.max_tokens, temperature=1.0, seed=seed)
-            work.append((f"{tag}-g{g}-{k}:0", ids, spec))
+            group.append((f"{tag}-g{g}-{k}:0", ids, spec))
+        work.append(group)
     t0, c0 = time.perf_counter(), time.process_time()
     tokens = asyncio.run(_direct(replicas, work, args.concurrency_per_replica))
     return time.perf_counter() - t0, tokens, time.process_time() - c0

@@ -54,6 +54,7 @@ from lightning_hybrid_rollout.lightning.trainer_side import StepTimes, TrainerSi
 from lightning_hybrid_rollout.lightning.workload import Workload, attach_batch_source, load_workload
 from lightning_hybrid_rollout.redaction import redact_logger_hyperparams
 from lightning_hybrid_rollout.rewards import RewardConfig
+from lightning_hybrid_rollout.rollout.drain import DrainReport
 from lightning_hybrid_rollout.rollout.sample import Sample
 from lightning_hybrid_rollout.schedule import (
     DynamicResourceController,
@@ -480,7 +481,9 @@ class HybridRolloutCallback(Callback):
             rt = self._runtime
             rt.trace_phase("waiting", t_wait, t_wait + wait["s"], hybrid=True)
             t_sw = self._clock() - res.deactivate_duration_s
-            rt.trace_phase("switching", t_sw, t_sw + res.deactivate_duration_s, op="deactivate")
+            drain = getattr(getattr(rt, "pool", None), "last_drain", None)  # the abort step's drained / aborted counts
+            args = {f"drain.{k}": v for k, v in drain.to_dict().items()} if isinstance(drain, DrainReport) else {}
+            rt.trace_phase("switching", t_sw, t_sw + res.deactivate_duration_s, op="deactivate", **args)
 
     def _wait_queue(self, n: int) -> None:
         rt = self._runtime

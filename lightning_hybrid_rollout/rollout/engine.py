@@ -6,6 +6,8 @@ and the rollouter only ever see :class:`ReplicaHandle` (see ``replica.py``), who
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -86,3 +88,25 @@ class RolloutEngine(Protocol):
     async def health(self) -> dict[str, Any]:
         """Cheap liveness probe: state, weight version, in-flight count."""
         ...
+
+
+#: One engine request of a group call: ``(request_id, prompt_token_ids, sampling)``.
+GroupRequest = tuple[str, list[int], SamplingSpec]
+
+
+async def generate_group(replica: Any, requests: Sequence[GroupRequest]) -> list[GenerationResult | BaseException]:
+    """Run several requests (a prompt group's samples) as ONE call to ``replica``; one outcome per request, in order.
+
+    A replica (or engine) with a ``generate_group`` method gets a single call: for a Ray-hosted replica that is one
+    actor round trip for the whole group instead of one per sample, and the engine receives the group's requests
+    together, so they share the prompt's prefill through vLLM's prefix cache (which is how vLLM serves ``n > 1``
+    itself: it fans the request out into child requests with seeds ``seed + i``). A replica without it (a test fake)
+    gets its ``generate`` awaited concurrently per request.
+
+    An error of one request is its outcome (an exception instance) and does not cancel the others; an error of the
+    call itself (the replica's process died) is raised.
+    """
+    method = getattr(replica, "generate_group", None)
+    if method is not None:
+        return list(await method(list(requests)))
+    return list(await asyncio.gather(*(replica.generate(*req) for req in requests), return_exceptions=True))

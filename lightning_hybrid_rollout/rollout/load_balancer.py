@@ -17,7 +17,9 @@ A replica is *routable* when it is registered (not removed), not dead, not pause
 (add/resume wakes it) and raises :class:`NoReplicaAvailableError` after ``acquire_timeout_s``.
 
 Deactivation of hybrid replicas (seed §1) maps onto this class as ``remove_replicas`` (cut routing first) then
-``abort_replicas`` (abort in-flight; the rollouter retries them on the remaining replicas).
+``abort_replicas`` (abort in-flight; the rollouter retries them on the remaining replicas), or
+``drain_replicas`` (requests that will finish within a small budget complete, the rest are aborted;
+:mod:`~lightning_hybrid_rollout.rollout.drain`).
 
 Not thread-safe: use it from one asyncio event loop (the rollouter's). The rollouter's control methods schedule
 onto that loop for callers in other threads.
@@ -36,6 +38,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from lightning_hybrid_rollout.errors import NoReplicaAvailableError as NoReplicaAvailableError  # re-exported
 from lightning_hybrid_rollout.errors import is_replica_dead_error as is_replica_dead_error  # re-exported
+from lightning_hybrid_rollout.rollout.drain import DrainReport
 from lightning_hybrid_rollout.rollout.engine import GenerationResult, SamplingSpec
 
 log = logging.getLogger(__name__)
@@ -272,7 +275,7 @@ class LoadBalancer:
 
         Args:
             request_id: Unique id of this engine request (one per segment); released with :meth:`release`.
-            sticky_key: Key for sticky routing (default: ``request_id``); the rollouter passes the sample uid.
+            sticky_key: Key for sticky routing (default: ``request_id``).
             timeout: Seconds to wait while no replica can come back (default: ``acquire_timeout_s``).
 
         Returns:
@@ -282,18 +285,39 @@ class LoadBalancer:
             NoReplicaAvailableError: Every replica stayed dead (or none was registered) for the timeout.
             ValueError: ``request_id`` is already in flight.
         """
-        if request_id in self._request_replica:
-            raise ValueError(
-                f"request id {request_id!r} is already in flight on replica {self._request_replica[request_id]!r}; "
-                "use a fresh id per engine request (e.g. '<uid>:<segment>')"
-            )
-        key = request_id if sticky_key is None else sticky_key
+        return await self.acquire_many([request_id], sticky_key=sticky_key, timeout=timeout)
+
+    async def acquire_many(
+        self, request_ids: Sequence[str], *, sticky_key: str | None = None, timeout: float | None = None
+    ) -> ReplicaLike:
+        """:meth:`acquire` for requests that go to ONE replica together (a prompt group's samples, one call).
+
+        The replica is picked once (sticky, else least loaded) and every id is counted in flight there; release each
+        with :meth:`release` (or all with :meth:`release_many`). The rollouter passes the group id as ``sticky_key``,
+        so a group's later segments go back to the replica holding its prompt in the prefix cache.
+
+        Args:
+            request_ids: Unique ids, at least one (``sticky_key`` defaults to the first).
+            sticky_key: Key for sticky routing.
+            timeout: As for :meth:`acquire`.
+        """
+        if not request_ids:
+            raise ValueError("acquire_many needs at least one request id")
+        for request_id in request_ids:
+            if request_id in self._request_replica:
+                raise ValueError(
+                    f"request id {request_id!r} is already in flight on replica "
+                    f"{self._request_replica[request_id]!r}; use a fresh id per engine request (e.g. '<uid>:<segment>')"
+                )
+        key = request_ids[0] if sticky_key is None else sticky_key
         limit = self.acquire_timeout_s if timeout is None else timeout
         deadline: float | None = None
         while True:
             entry = self._pick(key)
             if entry is not None:
-                return self._register(entry, key, request_id)
+                for request_id in request_ids:
+                    self._register(entry, key, request_id)
+                return entry.replica
             event = self._event("_routable_event")
             remaining: float | None = None
             if any(e.state != "dead" for e in self._entries.values()):
@@ -303,14 +327,19 @@ class LoadBalancer:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise NoReplicaAvailableError(
-                        f"no replica for request {request_id!r} for {limit:.1f}s: every replica is dead or none is "
-                        f"registered (replicas: {self._describe()}); add replicas (add_replicas) or raise "
+                        f"no replica for request {request_ids[0]!r} for {limit:.1f}s: every replica is dead or none "
+                        f"is registered (replicas: {self._describe()}); add replicas (add_replicas) or raise "
                         "acquire_timeout_s / no_replica_timeout_s"
                     )
             try:
                 await asyncio.wait_for(event.wait(), remaining)
             except TimeoutError:
                 continue
+
+    def release_many(self, replica_id: str, request_ids: Iterable[str]) -> None:
+        """:meth:`release` each of ``request_ids`` (what :meth:`acquire_many` counted in)."""
+        for request_id in request_ids:
+            self.release(replica_id, request_id)
 
     def release(self, replica_id: str, request_id: str) -> None:
         """Count a request out of a replica's in-flight set (idempotent).
@@ -353,21 +382,87 @@ class LoadBalancer:
         Raises:
             TimeoutError: Requests were still in flight after ``timeout`` (named in the message).
         """
-        ids = [rid for rid in self._ids_or_all(replica_ids) if rid in self._entries]
-        snapshot = {rid: set(self._entries[rid].in_flight) for rid in ids if self._entries[rid].in_flight}
-        total = sum(len(reqs) for reqs in snapshot.values())
+        snapshot = self._in_flight_snapshot(replica_ids)
+        if snapshot:
+            limit = self.abort_timeout_s if timeout is None else timeout
+            await self._abort_until_released(snapshot, wait, limit, resend_interval_s)
+        return sum(len(reqs) for reqs in snapshot.values())
+
+    async def drain_replicas(
+        self,
+        replica_ids: Iterable[str] | None,
+        budget_s: float,
+        *,
+        timeout: float | None = None,
+        resend_interval_s: float = 0.2,
+    ) -> DrainReport:
+        """Drain-aware :meth:`abort_replicas`: requests that will finish within ``budget_s`` complete, the rest abort.
+
+        Each replica with a ``drain`` method (the real ones) decides from every request's remaining tokens and its
+        measured decode rate, lets those predicted to finish within the budget run and aborts the others at once; at
+        its deadline (the budget plus a small margin) it aborts whatever still runs. A replica without ``drain`` is
+        aborted. Then, exactly like :meth:`abort_replicas`, this waits until every request in flight on those replicas
+        when the call began has been released, re-sending the abort to stragglers (requests that reached an engine
+        after its drain), so it never returns while one of them is still running there. ``budget_s <= 0`` aborts
+        everything at once (the seed's deactivation). :meth:`remove_replicas` first, so retries land elsewhere.
+
+        Args:
+            replica_ids: Replicas to drain; ``None`` means every known replica.
+            budget_s: Seconds the replicas may let requests finish.
+            timeout: Seconds to wait for every request to be released (default: ``abort_timeout_s``).
+            resend_interval_s: Interval between abort re-sends to requests still in flight after the drain.
+
+        Returns:
+            A :class:`~lightning_hybrid_rollout.rollout.drain.DrainReport`: requests in flight at the call, drained
+            (finished within the budget), aborted (the rest), the aborted ones' tokens and re-prefill tokens (as the
+            engines reported them), and this call's wall time.
+
+        Raises:
+            TimeoutError: Requests were still in flight after ``timeout`` (named in the message).
+        """
+        t0 = time.monotonic()
+        snapshot = self._in_flight_snapshot(replica_ids)
         if not snapshot:
-            return 0
+            return DrainReport()
         limit = self.abort_timeout_s if timeout is None else timeout
+        reports = await asyncio.gather(
+            *(self._drain_on(rid, sorted(r), budget_s, limit) for rid, r in snapshot.items())
+        )
+        await self._abort_until_released(snapshot, True, max(limit - (time.monotonic() - t0), 1.0), resend_interval_s)
+        engines = sum(reports, DrainReport())
+        total = sum(len(reqs) for reqs in snapshot.values())
+        drained = min(engines.drained, total)
+        report = DrainReport(
+            requests=total,
+            drained=drained,
+            aborted=total - drained,
+            aborted_tokens=engines.aborted_tokens,
+            reprefill_tokens=engines.reprefill_tokens,
+            seconds=time.monotonic() - t0,
+        )
+        log.debug("load balancer: drained %s with a %.3fs budget: %s", sorted(snapshot), budget_s, report)
+        return report
+
+    # ------------------------------------------------------------------ internals
+
+    def _in_flight_snapshot(self, replica_ids: Iterable[str] | None) -> dict[str, set[str]]:
+        """The requests in flight now on the given (known) replicas, per replica with any."""
+        ids = [rid for rid in self._ids_or_all(replica_ids) if rid in self._entries]
+        return {rid: set(self._entries[rid].in_flight) for rid in ids if self._entries[rid].in_flight}
+
+    async def _abort_until_released(
+        self, snapshot: dict[str, set[str]], wait: bool, limit: float, resend_interval_s: float
+    ) -> None:
+        """Abort the requests of ``snapshot`` still in flight and (``wait``) re-send until all are released."""
         deadline = time.monotonic() + limit
         while True:
             left = {rid: sorted(reqs & self._entries[rid].in_flight) for rid, reqs in snapshot.items()}
             left = {rid: reqs for rid, reqs in left.items() if reqs}
             if not left:
-                return total
+                return
             await asyncio.gather(*(self._abort_on(rid, reqs) for rid, reqs in left.items()))
             if not wait:
-                return total
+                return
             resend_at = time.monotonic() + resend_interval_s
             while True:
                 still = any(reqs & self._entries[rid].in_flight for rid, reqs in snapshot.items())
@@ -385,7 +480,22 @@ class LoadBalancer:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), min(resend_at, deadline) - now)
 
-    # ------------------------------------------------------------------ internals
+    async def _drain_on(self, replica_id: str, request_ids: list[str], budget_s: float, limit: float) -> DrainReport:
+        """``replica.drain(budget_s)`` (bounded by ``limit``); an abort where it has no ``drain`` or it failed."""
+        entry = self._entries[replica_id]
+        drain = getattr(entry.replica, "drain", None)
+        if entry.state == "dead" or drain is None:
+            await self._abort_on(replica_id, request_ids)
+            return DrainReport()
+        try:
+            return await asyncio.wait_for(drain(budget_s), limit)
+        except Exception as exc:
+            if is_replica_dead_error(exc):
+                self.mark_dead(replica_id)
+                return DrainReport()
+            log.warning("load balancer: drain on replica %s failed (%r); aborting its requests", replica_id, exc)
+        await self._abort_on(replica_id, request_ids)
+        return DrainReport()
 
     async def _abort_on(self, replica_id: str, request_ids: list[str]) -> None:
         entry = self._entries[replica_id]

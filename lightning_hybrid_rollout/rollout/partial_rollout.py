@@ -21,12 +21,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Set
+from collections.abc import Awaitable, Callable, Sequence, Set
 from typing import Protocol
 
 from lightning_hybrid_rollout.errors import RolloutError, is_replica_dead_error
-from lightning_hybrid_rollout.rollout.engine import GenerationResult, SamplingSpec
-from lightning_hybrid_rollout.rollout.load_balancer import LoadBalancer
+from lightning_hybrid_rollout.rollout.engine import GenerationResult, SamplingSpec, generate_group
+from lightning_hybrid_rollout.rollout.load_balancer import LoadBalancer, ReplicaLike
 from lightning_hybrid_rollout.rollout.role_window import RoleProduction, replica_role
 from lightning_hybrid_rollout.rollout.sample_state import PromptGroup, SampleState
 
@@ -50,7 +50,13 @@ class SegmentHost(Protocol):
 
 
 class SampleGenerator:
-    """Generates a sample segment by segment until it finishes (one :meth:`generate` call per sample, on the loop).
+    """Generates a prompt group's samples segment by segment until they finish (one :meth:`generate` per batch).
+
+    A *batch* is some unfinished samples of one prompt group (all of them, unless the in-flight cap had room for
+    fewer). Each round sends the batch's unfinished samples to ONE replica in ONE call
+    (:func:`~lightning_hybrid_rollout.rollout.engine.generate_group`: one Ray round trip for the group, and the
+    engine shares the prompt's prefill), then settles every returned segment on its own sample; the samples that
+    need another segment (aborted, failed, refused) go on together in the next round.
 
     Args:
         host: The rollouter: its settings and segment counters.
@@ -65,111 +71,166 @@ class SampleGenerator:
 
     async def generate(
         self,
-        st: SampleState,
+        batch: Sequence[SampleState],
         group: PromptGroup,
         *,
         gate: asyncio.Event,
-        park: Callable[[], Awaitable[None]],
+        park: Callable[[int], Awaitable[None]],
         stopping: Callable[[], bool],
-    ) -> str | None:
-        """Run segments until the sample finishes; its finish reason, or ``None`` if the rollouter stops first.
+        finished: Callable[[SampleState, str], None],
+    ) -> None:
+        """Run segments until every sample of ``batch`` finished or the rollouter stops (their state is kept).
 
         Args:
-            st: The sample (its kept segments are its prefix; they stay in it when the rollouter stops).
-            group: Its prompt group.
-            gate: Open while segments may be sent; while it is closed the sample waits in ``park()``.
-            park: Wait for the gate to open (the rollouter counts the parked sample).
+            batch: Unfinished samples of ``group`` (their kept segments are their prefixes).
+            group: Their prompt group.
+            gate: Open while segments may be sent; while it is closed the batch waits in ``park(n)``.
+            park: Wait for the gate to open (the rollouter counts the ``n`` parked samples).
             stopping: Whether the rollouter is stopping.
+            finished: Called once per sample as soon as it finishes, with its finish reason.
         """
         host = self._host
         response_length = host.sampling.max_tokens
         stop_ids = set(host.sampling.stop_token_ids)
         lb = host.load_balancer
-        if st.started_at is None:
-            st.started_at = self._clock()
-        while True:
+        now = self._clock()
+        for st in batch:
+            if st.started_at is None:
+                st.started_at = now
+        pending = list(batch)
+        while pending:
             if not gate.is_set():
-                await park()
+                await park(len(pending))
             if stopping():
-                return None
-            remaining = response_length - len(st.tokens)
-            if remaining <= 0:  # restored from a checkpoint at full length
-                return "length"
-            request_id = f"{st.uid}:{st.attempts}"
-            st.attempts += 1
-            replica = await lb.acquire(request_id, sticky_key=st.uid, timeout=host.no_replica_timeout_s)
+                return
+            ready = []
+            for st in pending:
+                if response_length - len(st.tokens) <= 0:  # restored from a checkpoint at full length
+                    finished(st, "length")
+                else:
+                    ready.append(st)
+            pending = ready
+            if not pending:
+                return
+            request_ids = [f"{st.uid}:{st.attempts}" for st in pending]
+            for st in pending:
+                st.attempts += 1
+            replica = await lb.acquire_many(request_ids, sticky_key=group.group_id, timeout=host.no_replica_timeout_s)
             if not gate.is_set() or stopping():
-                lb.release(replica.replica_id, request_id)
+                lb.release_many(replica.replica_id, request_ids)
                 continue
-            spec = dataclasses.replace(host.sampling, max_tokens=remaining, seed=st.seed)
+            requests = [
+                (
+                    rid,
+                    group.prompt_token_ids + st.tokens,
+                    dataclasses.replace(host.sampling, max_tokens=response_length - len(st.tokens), seed=st.seed),
+                )
+                for rid, st in zip(request_ids, pending)
+            ]
             try:
-                result = await replica.generate(request_id, group.prompt_token_ids + st.tokens, spec)
-            except Exception as exc:
-                if is_replica_dead_error(exc):
-                    lb.mark_dead(replica.replica_id)
-                    host.dead_replica_retries += 1
-                    log.warning(
-                        "%s: replica %s died under %s; retrying elsewhere", host.name, replica.replica_id, st.uid
-                    )
-                    continue
-                st.failures += 1
-                host.failed_segments += 1
-                if st.failures > host.max_segment_failures:
-                    raise RolloutError(
-                        f"sample {st.uid} failed {st.failures} times (last on replica {replica.replica_id}): {exc!r}; "
-                        "check the replicas' health or raise max_segment_failures"
-                    ) from exc
-                log.warning("%s: segment %s failed on %s: %r; retrying", host.name, request_id, replica.replica_id, exc)
-                await asyncio.sleep(failure_backoff_s(st.failures))
-                continue
+                outcomes: list[GenerationResult | BaseException] = await generate_group(replica, requests)
+            except Exception as exc:  # the call itself failed (a dead replica): every request's outcome
+                outcomes = [exc] * len(pending)
             finally:
-                lb.release(replica.replica_id, request_id)
-            tokens = list(result.token_ids)
-            self._role_production.add_tokens(replica_role(replica), len(tokens))
-            logprobs = list(result.logprobs)
-            overshoot = len(tokens) > remaining
-            if overshoot:
+                lb.release_many(replica.replica_id, request_ids)
+            if len(outcomes) != len(pending):
+                outcomes = [
+                    RolloutError(f"replica {replica.replica_id} returned {len(outcomes)} results for {len(pending)}")
+                ] * len(pending)
+            retry: list[SampleState] = []
+            backoff = 0.0
+            for st, (rid, _, spec), outcome in zip(pending, requests, outcomes):
+                if isinstance(outcome, asyncio.CancelledError):
+                    raise outcome
+                if isinstance(outcome, BaseException):
+                    retry.append(st)
+                    backoff = max(backoff, self._failed(st, rid, replica, outcome))
+                    continue
+                reason, wait = self._settle(st, outcome, spec.max_tokens, replica, rid, response_length, stop_ids)
+                if reason is not None:
+                    finished(st, reason)
+                else:
+                    retry.append(st)
+                    backoff = max(backoff, wait)
+            pending = retry
+            if pending and backoff > 0:
+                await asyncio.sleep(backoff)
+
+    def _failed(self, st: SampleState, request_id: str, replica: ReplicaLike, exc: BaseException) -> float:
+        """Count a segment that raised; the backoff before its retry (0 for a dead replica: retry elsewhere now)."""
+        host = self._host
+        if is_replica_dead_error(exc):
+            host.load_balancer.mark_dead(replica.replica_id)
+            host.dead_replica_retries += 1
+            log.warning("%s: replica %s died under %s; retrying elsewhere", host.name, replica.replica_id, st.uid)
+            return 0.0
+        st.failures += 1
+        host.failed_segments += 1
+        if st.failures > host.max_segment_failures:
+            raise RolloutError(
+                f"sample {st.uid} failed {st.failures} times (last on replica {replica.replica_id}): {exc!r}; "
+                "check the replicas' health or raise max_segment_failures"
+            ) from exc
+        log.warning("%s: segment %s failed on %s: %r; retrying", host.name, request_id, replica.replica_id, exc)
+        return failure_backoff_s(st.failures)
+
+    def _settle(
+        self,
+        st: SampleState,
+        result: GenerationResult,
+        remaining: int,
+        replica: ReplicaLike,
+        request_id: str,
+        response_length: int,
+        stop_ids: Set[int],
+    ) -> tuple[str | None, float]:
+        """Settle one returned segment: the sample's finish reason (``None``: it needs another segment) and the
+        backoff before that segment (a refusal's)."""
+        host = self._host
+        tokens = list(result.token_ids)
+        self._role_production.add_tokens(replica_role(replica), len(tokens))
+        logprobs = list(result.logprobs)
+        overshoot = len(tokens) > remaining
+        if overshoot:
+            log.warning(
+                "%s: replica %s returned %d tokens for max_tokens=%d (%s); truncating",
+                host.name,
+                replica.replica_id,
+                len(tokens),
+                remaining,
+                request_id,
+            )
+            tokens, logprobs = tokens[:remaining], logprobs[:remaining]
+        if is_refusal(result, tokens):
+            st.rejections += 1
+            host.rejected_segments += 1
+            if st.rejections == 1:
                 log.warning(
-                    "%s: replica %s returned %d tokens for max_tokens=%d (%s); truncating",
+                    "%s: replica %s refused %s (engine state %s); remove_replicas before sleep_replicas and "
+                    "wake_up before add_replicas",
                     host.name,
                     replica.replica_id,
-                    len(tokens),
-                    remaining,
                     request_id,
+                    result.info.get("rejected"),
                 )
-                tokens, logprobs = tokens[:remaining], logprobs[:remaining]
-            if is_refusal(result, tokens):
-                st.rejections += 1
-                host.rejected_segments += 1
-                if st.rejections == 1:
-                    log.warning(
-                        "%s: replica %s refused %s (engine state %s); remove_replicas before sleep_replicas and "
-                        "wake_up before add_replicas",
-                        host.name,
-                        replica.replica_id,
-                        request_id,
-                        result.info.get("rejected"),
-                    )
-                lb.clear_sticky_key(st.uid)
-                await asyncio.sleep(refusal_backoff_s(st.rejections))
-                continue
-            if result.finish_reason == "abort":
-                host.aborted_segments += 1
-            reason = settle_segment(
-                st,
-                tokens,
-                logprobs,
-                result,
-                replica_id=replica.replica_id,
-                overshoot=overshoot,
-                partial_rollout=host.partial_rollout,
-                response_length=response_length,
-                stop_ids=stop_ids,
-            )
-            if reason is None:
-                host.retried_segments += 1
-                continue
-            return reason
+            host.load_balancer.clear_sticky_key(st.group_id)
+            return None, refusal_backoff_s(st.rejections)
+        if result.finish_reason == "abort":
+            host.aborted_segments += 1
+        reason = settle_segment(
+            st,
+            tokens,
+            logprobs,
+            result,
+            replica_id=replica.replica_id,
+            overshoot=overshoot,
+            partial_rollout=host.partial_rollout,
+            response_length=response_length,
+            stop_ids=stop_ids,
+        )
+        if reason is None:
+            host.retried_segments += 1
+        return reason, 0.0
 
 
 def settle_segment(

@@ -5,9 +5,11 @@ runs it in a background thread and turns its operations (the ``_*_async`` corout
 methods. All of it runs on that loop (or inline, through ``asyncio.run``, before the thread starts and after it
 stops), so none of it takes a lock.
 
-Each pass of the loop (:meth:`ProductionLoop._progress`) dispatches an admitted sample while ``in_flight < cap``, or
-admits the next prompt group (:mod:`~lightning_hybrid_rollout.rollout.flow_control`). Each sample runs as one task,
-segment after segment (:class:`~lightning_hybrid_rollout.rollout.partial_rollout.SampleGenerator`); once its whole
+Each pass of the loop (:meth:`ProductionLoop._progress`) dispatches admitted samples while ``in_flight < cap``, or
+admits the next prompt group (:mod:`~lightning_hybrid_rollout.rollout.flow_control`). A group's samples are
+dispatched together as one batch (as many as the cap has room for), which runs as one task, segment round after
+segment round, one replica call per round (:class:`~lightning_hybrid_rollout.rollout.partial_rollout.SampleGenerator`);
+each sample leaves the in-flight count as soon as it finishes. Once its whole
 group is finished, the group is rewarded (``reward_fn`` per sample, or a :class:`GroupScorer`'s one awaited call per
 group, which runs the reward functions off this loop) and goes into the queue in one atomic put (waiting for
 room; if the rollouter stops first, the group stays in the ``state_dict``). Wake-ups: ``_wake`` (admission or
@@ -203,9 +205,14 @@ class ProductionLoop:
             return False
         cap = self._cap()
         if self._to_dispatch:
-            if self._in_flight >= cap:
+            room = cap - self._in_flight
+            if room <= 0:
                 return False
-            self._dispatch(self._to_dispatch.popleft())
+            first = self._to_dispatch.popleft()
+            batch = [first]
+            while len(batch) < room and self._to_dispatch and self._to_dispatch[0].group_id == first.group_id:
+                batch.append(self._to_dispatch.popleft())
+            self._dispatch(batch)
             return True
         if self._exhausted or not admits_group(
             self.n_samples_per_prompt,
@@ -249,42 +256,45 @@ class ProductionLoop:
         self.staleness_samples += n
         self._window_admitted += n
 
-    def _dispatch(self, st: SampleState) -> None:
+    def _dispatch(self, batch: list[SampleState]) -> None:
+        """Start one task for ``batch`` (samples of one group, in flight together: one replica call per round)."""
         assert self._loop is not None
-        self._in_flight += 1
+        self._in_flight += len(batch)
         self._record()
-        self._tasks[st.uid] = self._loop.create_task(self._run_sample(st), name=st.uid)
+        name = batch[0].uid
+        self._tasks[name] = self._loop.create_task(self._run_batch(batch), name=name)
 
-    async def _run_sample(self, st: SampleState) -> None:
+    async def _run_batch(self, batch: list[SampleState]) -> None:
+        assert self._gate is not None
+        group = self._groups[batch[0].group_id]
+        running = {st.uid for st in batch}
+
+        def finished(st: SampleState, reason: str) -> None:
+            self._finish(st, group, reason)
+            running.discard(st.uid)
+            self._in_flight -= 1
+            self._record()
+            self._kick()
+
         try:
             try:
-                finished = await self._generate(st)
+                await self._generator.generate(
+                    batch, group, gate=self._gate, park=self._park, stopping=lambda: self._stopping, finished=finished
+                )
             finally:
-                self._in_flight -= 1
-                self._record()
-                self._kick()
-            group = self._groups.get(st.group_id)
-            if finished and group is not None and group.done:
+                if running:  # unfinished (the rollouter stopped, or an error): their state stays in the group
+                    self._in_flight -= len(running)
+                    self._record()
+                    self._kick()
+            if not running and group.done:
                 await self._deliver_group(group)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             self._fail(exc)
         finally:
-            self._tasks.pop(st.uid, None)
+            self._tasks.pop(batch[0].uid, None)
             self._check_drained()
-
-    async def _generate(self, st: SampleState) -> bool:
-        """Run segments until the sample finishes; False if the rollouter stops first (state kept)."""
-        assert self._gate is not None
-        group = self._groups[st.group_id]
-        reason = await self._generator.generate(
-            st, group, gate=self._gate, park=self._park, stopping=lambda: self._stopping
-        )
-        if reason is None:
-            return False
-        self._finish(st, group, reason)
-        return True
 
     def _finish(self, st: SampleState, group: PromptGroup, reason: str) -> None:
         sample = st.to_sample(group, reason, self._clock())
@@ -294,14 +304,14 @@ class ProductionLoop:
         self.total_generated_samples += 1
         self.step_generated_samples += 1
 
-    async def _park(self) -> None:
+    async def _park(self, n: int) -> None:
         assert self._gate is not None
-        self._parked += 1
+        self._parked += n
         self._record()
         try:
             await self._gate.wait()
         finally:
-            self._parked -= 1
+            self._parked -= n
             self._record()
 
     async def _deliver_group(self, group: PromptGroup) -> None:

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from lightning_hybrid_rollout.errors import ReplicaDeadError as ReplicaDeadError  # re-exported
+from lightning_hybrid_rollout.rollout.drain import DrainReport
 from lightning_hybrid_rollout.rollout.engine import GenerationResult, SamplingSpec
 from lightning_hybrid_rollout.rollout.vllm.config import VLLMEngineConfig
 from lightning_hybrid_rollout.rollout.vllm.driver import VLLMEngine
@@ -181,8 +182,16 @@ class ReplicaActor:
     async def generate(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec) -> GenerationResult:
         return await self.engine.generate(request_id, prompt_token_ids, sampling)
 
+    async def generate_group(
+        self, requests: list[tuple[str, list[int], SamplingSpec]]
+    ) -> list[GenerationResult | BaseException]:
+        return await self.engine.generate_group(requests)
+
     async def abort(self, request_ids: list[str]) -> None:
         await self.engine.abort(request_ids)
+
+    async def drain(self, budget_s: float) -> DrainReport:
+        return await self.engine.drain(budget_s)
 
     async def sleep(self) -> float:
         return await self.engine.sleep()
@@ -375,9 +384,19 @@ class ReplicaHandle:
         """See :meth:`VLLMEngine.generate`."""
         return await self._call("generate", request_id, list(prompt_token_ids), sampling)
 
+    async def generate_group(
+        self, requests: list[tuple[str, list[int], SamplingSpec]]
+    ) -> list[GenerationResult | BaseException]:
+        """A prompt group's requests in one actor call; see :meth:`VLLMEngine.generate_group`."""
+        return await self._call("generate_group", [(rid, list(ids), spec) for rid, ids, spec in requests])
+
     async def abort(self, request_ids: list[str]) -> None:
         """See :meth:`VLLMEngine.abort`."""
         await self._call("abort", list(request_ids))
+
+    async def drain(self, budget_s: float) -> DrainReport:
+        """See :meth:`VLLMEngine.drain`."""
+        return await self._call("drain", float(budget_s))
 
     async def sleep(self) -> float:
         """Park (CPU) / sleep (GPU); returns the engine-side seconds."""

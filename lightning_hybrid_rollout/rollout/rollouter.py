@@ -38,6 +38,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from lightning_hybrid_rollout.errors import RolloutError as RolloutError  # re-exported
+from lightning_hybrid_rollout.rollout.drain import DrainReport
 from lightning_hybrid_rollout.rollout.engine import SamplingSpec
 from lightning_hybrid_rollout.rollout.event_loop import EventLoopThread
 from lightning_hybrid_rollout.rollout.load_balancer import LoadBalancer, ReplicaLike
@@ -272,6 +273,27 @@ class Rollouter(ProductionLoop):
             Number of requests aborted.
         """
         return self._call(self._abort_async(replica_ids, timeout))
+
+    def drain_replicas(
+        self, replica_ids: Sequence[str] | None, budget_s: float, *, timeout: float | None = None
+    ) -> DrainReport:
+        """Drain-aware :meth:`abort_replicas`: requests that will finish within ``budget_s`` complete, the others
+        are aborted (and continue from their prefix elsewhere); returns once none of them is left on the replicas.
+
+        See :meth:`LoadBalancer.drain_replicas`; ``budget_s <= 0`` aborts everything, as :meth:`abort_replicas`.
+
+        Args:
+            replica_ids: Replicas to drain; ``None`` means all.
+            budget_s: Seconds the replicas may let requests finish.
+            timeout: Seconds to wait (default ``abort_timeout_s``).
+
+        Returns:
+            A :class:`~lightning_hybrid_rollout.rollout.drain.DrainReport` (drained / aborted requests, the aborted
+            ones' re-prefill tokens, seconds).
+        """
+        return self._call(
+            self.load_balancer.drain_replicas(replica_ids, budget_s, timeout=timeout or self.abort_timeout_s)
+        )
 
     def rebalance_requests(self, *, timeout: float | None = None) -> int:
         """Clear the sticky cache, abort in-flight requests on active replicas, then let them re-route least-loaded.

@@ -30,6 +30,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from lightning_hybrid_rollout.rollout.drain import DrainReport, RequestProgress, drain_requests
 from lightning_hybrid_rollout.rollout.engine import GenerationResult, SamplingSpec
 from lightning_hybrid_rollout.rollout.vllm.config import (
     WORKER_EXTENSION_CLS,
@@ -67,6 +68,7 @@ class VLLMEngine(WeightUpdates):
         self.engine_pid: int | None = None
         self._inflight: dict[str, int] = {}
         self._inflight_tokens: dict[str, int] = {}
+        self._progress: dict[str, RequestProgress] = {}  # per in-flight request: max tokens, first token (drain)
         #: Keep-mode weight updates a request lived through: ``(tokens before it, new version)`` each.
         self._version_splits: dict[str, list[tuple[int, int]]] = {}
         self._resume_task: Any = None
@@ -214,6 +216,7 @@ class VLLMEngine(WeightUpdates):
         )
         version = self.weight_version
         self._inflight[request_id] = version
+        progress = self._progress[request_id] = RequestProgress(sampling.max_tokens, len(prompt_token_ids))
         tokens: list[int] = []
         logprobs: list[float] = []
         finish: str | None = None
@@ -226,6 +229,7 @@ class VLLMEngine(WeightUpdates):
                 new = list(comp.token_ids)
                 tokens.extend(new)
                 self._inflight_tokens[request_id] = len(tokens)
+                progress.observe(len(tokens), time.monotonic(), comp.finish_reason)
                 if self.config.return_logprobs:
                     lps = comp.logprobs or []
                     for i, tok in enumerate(new):
@@ -237,6 +241,7 @@ class VLLMEngine(WeightUpdates):
         finally:
             self._inflight.pop(request_id, None)
             self._inflight_tokens.pop(request_id, None)
+            self._progress.pop(request_id, None)
             self._abort_requested.discard(request_id)
             splits = self._version_splits.pop(request_id, [])
         self._tokens_generated += len(tokens)
@@ -254,6 +259,15 @@ class VLLMEngine(WeightUpdates):
             info=info,
         )
 
+    async def generate_group(
+        self, requests: list[tuple[str, list[int], SamplingSpec]]
+    ) -> list[GenerationResult | BaseException]:
+        """Generate a prompt group's samples together: one :meth:`generate` per ``(request_id, prompt, sampling)``,
+        all submitted at once (they share the prompt's prefill through the prefix cache, as vLLM's own ``n > 1``
+        does); one outcome per request, in order (a request's error is its outcome and leaves the others running).
+        """
+        return list(await asyncio.gather(*(self.generate(*req) for req in requests), return_exceptions=True))
+
     async def abort(self, request_ids: list[str]) -> None:
         """Abort in-flight requests (unknown ids are ignored); their ``generate`` returns the partial output."""
         live = [r for r in request_ids if r in self._inflight]
@@ -261,6 +275,30 @@ class VLLMEngine(WeightUpdates):
             return
         self._abort_requested.update(live)
         await self.llm.abort(live)
+
+    async def drain(self, budget_s: float) -> DrainReport:
+        """Let the in-flight requests that will finish within ``budget_s`` complete; abort the others.
+
+        Each request's finish time is its remaining tokens over its own measured decode rate: the ones that will not
+        make it (or have no rate yet) are aborted at once; at the deadline (the budget plus a small margin) whatever
+        still runs is aborted (:func:`~lightning_hybrid_rollout.rollout.drain.drain_requests`). Returns once every
+        request in flight at the start has ended (bounded by ``abort_timeout_s``), so a drain never leaves one of
+        them on the engine. ``budget_s <= 0`` aborts all at once.
+
+        Args:
+            budget_s: Seconds the drain may let requests run.
+
+        Returns:
+            A :class:`~lightning_hybrid_rollout.rollout.drain.DrainReport` of the requests in flight at the start.
+        """
+        if self.llm is None:
+            return DrainReport()
+        watched = {rid: self._progress[rid] for rid in self._inflight if rid in self._progress}
+        report = await drain_requests(
+            watched, self._inflight.__contains__, self.abort, budget_s, self.config.abort_timeout_s
+        )
+        logger.debug("replica %s: drain with a %.3fs budget: %s", self.replica_id, budget_s, report)
+        return report
 
     async def _freeze_all(self) -> None:
         """Freeze every in-flight request in place (KV cache kept) and wait until the tokens the engine produced
