@@ -12,6 +12,9 @@ each run's time beyond the balance bound went (:data:`~lightning_hybrid_rollout.
 ``--plot DIR`` writes each run's trace (``trace_<run>.json``) and the PNGs of
 :mod:`lightning_hybrid_rollout.plots` (timelines, ``mq_size.png``, ``utilization.png``, ``breakdown.png``).
 ``--list-presets`` lists the presets, ``--dump-preset NAME`` prints one as YAML (a starting point for your own).
+``--from-run RUN_DIR [--write-scenario FILE] [--fit-only]`` fits a scenario to a real run
+(:mod:`lightning_hybrid_rollout.sim.calibrate`), prints the fitted parameters with their spread and source (to stderr
+with ``--json``), writes the scenario YAML, then simulates it (not with ``--fit-only``).
 
 ``lhr report RUN_DIR [--out DIR] [--window START END] [--train-devices N]`` prints, per trace, the run's balance
 bound, its efficiency and where the trainer's time went (:mod:`lightning_hybrid_rollout.run_bound`: the simulator's
@@ -71,7 +74,36 @@ def _simulate_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="override the scenario's random seed")
     p.add_argument("--list-presets", action="store_true", help="list the presets and exit")
     p.add_argument("--dump-preset", metavar="NAME", help="print a preset as YAML and exit")
+    p.add_argument(
+        "--from-run",
+        metavar="RUN_DIR",
+        help="fit a scenario to a real run (RUN_DIR/trace.json, metrics.csv, config.yaml), print the fitted "
+        "parameters with their spread, then simulate it",
+    )
+    p.add_argument("--write-scenario", metavar="FILE", help="with --from-run: write the fitted scenario YAML to FILE")
+    p.add_argument("--fit-only", action="store_true", help="with --from-run: fit and print, do not simulate")
     return p
+
+
+def _from_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Scenario:
+    """The scenario fitted to ``--from-run`` (:mod:`lightning_hybrid_rollout.sim.calibrate`); prints the fit."""
+    from lightning_hybrid_rollout.sim.calibrate import CalibrationError, calibrate_run
+
+    if args.scenario or args.preset:
+        parser.error("--from-run replaces the scenario: give no scenario file and no --preset")
+    try:
+        fit = calibrate_run(args.from_run)
+    except CalibrationError as err:
+        parser.error(str(err))
+    out = sys.stderr if args.json else sys.stdout  # --json: stdout holds only the JSON object
+    print(
+        f"fitted to {args.from_run} (value, interquartile range over the observations, where it came from):", file=out
+    )
+    for line in fit.lines():
+        print(f"  {line}", file=out)
+    if args.write_scenario:
+        print(f"wrote {fit.write_yaml(args.write_scenario)}", file=out)
+    return fit.scenario
 
 
 def _load(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Scenario:
@@ -210,7 +242,22 @@ def simulate_main(argv: Sequence[str] | None = None) -> int:
         except KeyError as err:
             parser.error(str(err.args[0]))
         return 0
-    sc = _load(args, parser)
+    if (args.write_scenario or args.fit_only) and not args.from_run:
+        parser.error("--write-scenario and --fit-only go with --from-run RUN_DIR")
+    if args.from_run:
+        sc = _from_run(args, parser)
+        if args.fit_only:
+            return 0
+        if args.steps is not None or args.seed is not None:
+            sc = Scenario.from_dict(
+                {
+                    **sc.to_dict(),
+                    **({"steps": args.steps} if args.steps else {}),
+                    **({"seed": args.seed} if args.seed is not None else {}),
+                }
+            )
+    else:
+        sc = _load(args, parser)
     runs = [r.strip() for r in args.runs.split(",") if r.strip()] if args.runs else None
     try:
         result = simulate(sc, runs=runs, trace_dir=args.plot)

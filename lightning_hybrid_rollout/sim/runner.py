@@ -53,7 +53,14 @@ from lightning_hybrid_rollout.sim.results import (
 )
 from lightning_hybrid_rollout.sim.scenario import RunSpec, Scenario
 from lightning_hybrid_rollout.sim.world import ProductionWindow, RolloutWorld, SimSample, SimulationError
-from lightning_hybrid_rollout.trace import TRAINER_TRACK, TraceWriter
+from lightning_hybrid_rollout.trace import (
+    DECODED_TOKENS,
+    SERVING_S,
+    TRAINED_SAMPLES,
+    TRAINED_TOKENS,
+    TRAINER_TRACK,
+    TraceWriter,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -398,7 +405,22 @@ class _Run:
         self._breakdown_at_cycle_start = dict(self.breakdown)
         self.steps.append(out)
         if self.trace is not None:
+            self._trace_totals()
             self.trace.step_metrics(step, self.world.now, out)
+
+    def _trace_totals(self) -> None:
+        """The runtime's running totals at a cycle's end (``trained_*``, ``decoded_tokens.<role>``, ``serving_s.*``)."""
+        w, tw = self.world, self.trace
+        assert tw is not None
+        tw.counter(TRAINED_SAMPLES, w.now, len(self.trained))
+        tw.counter(TRAINED_TOKENS, w.now, sum(s.length for s in self.trained))
+        for kind, replicas in (("standalone", w.standalone), ("hybrid", w.hybrid)):
+            if not replicas:
+                continue
+            for r in replicas:
+                r.advance(w.now)
+            tw.counter(f"{DECODED_TOKENS}.{kind}", w.now, sum(r.tokens for r in replicas))
+            tw.counter(f"{SERVING_S}.{kind}", w.now, w.serving_total[kind])
 
     def _gap(self, train_device_s: float) -> dict[str, float]:
         """Device-second accounting of ``time_s − (G + ρ·W)/(S + ρ·T)`` (the balance term of the bound).

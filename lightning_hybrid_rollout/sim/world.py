@@ -248,6 +248,8 @@ class RolloutWorld:
         self._throttled = False
         self.window = ProductionWindow()
         self._window_tokens0 = {"standalone": 0.0, "hybrid": 0.0}
+        #: Seconds each replica kind was serving since the start (the runtime's ``serving_s.<role>`` running total).
+        self.serving_total = {"standalone": 0.0, "hybrid": 0.0}
         self.cumulative_aborts = 0
         self.counter_interval_s = counter_interval_s
         self._counter_last: dict[str, tuple[float, float]] = {}  # name -> (time written, value written)
@@ -296,8 +298,10 @@ class RolloutWorld:
                 self.throttled_s += dt
             if any(r.serving for r in self.standalone):
                 self.window.serving_s["standalone"] += dt
+                self.serving_total["standalone"] += dt
             if any(r.serving for r in self.hybrid):
                 self.window.serving_s["hybrid"] += dt
+                self.serving_total["hybrid"] += dt
             self.now = t
 
     def _account(self, dt: float) -> None:

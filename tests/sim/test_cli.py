@@ -89,8 +89,8 @@ def test_report_renders_a_run_directory(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     written = [line for line in lines if line.endswith(".png")]
     assert {p.split("/")[-1] for p in written} == {"timeline_dynamic_default.png", "mq_size.png", "utilization.png"}
-    # before the PNGs: the run's breakdown (a simulated trace has no token counters, so no bound)
-    assert lines[0] == "dynamic_default:" and "balance bound: not measurable" in lines[1]
+    # before the PNGs: the run's bound and breakdown (a simulated trace carries the runtime's token counters)
+    assert lines[0] == "dynamic_default:" and lines[1].startswith("  balance bound ") and "efficiency" in lines[1]
     assert lines[3].startswith("  time: training ") and "waiting with hybrid generating" in lines[3]
     assert all((run_dir / "plots" / p.split("/")[-1]).stat().st_size > 1000 for p in written)
 
