@@ -30,6 +30,11 @@ class ScenarioError(HybridRolloutError, ValueError):
     """A scenario value is invalid; the message names the field, the value seen and what to do."""
 
 
+class CalibrationError(HybridRolloutError, ValueError):
+    """A run directory or trace a simulator fit cannot use (``lhr simulate --from-run``): one line, what is missing
+    and where."""
+
+
 class SimulationError(HybridRolloutError, RuntimeError):
     """The simulation cannot proceed (e.g. the trainer waits for samples no replica can ever produce)."""
 

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_hybrid_rollout.config import AsyncTrainingConfig, ConfigError
+from lightning_hybrid_rollout.errors import CalibrationError as CalibrationError  # re-exported
 from lightning_hybrid_rollout.sim.scenario import (
     RUN_KEYS,
     ReplicaModel,
@@ -95,10 +96,6 @@ _OP_COSTS: dict[str, str] = {
     "rebalance_requests": "rebalance_s",
 }
 _NOT_MEASURED = "default, not measured"
-
-
-class CalibrationError(ValueError):
-    """A run directory or trace the fit cannot use (one line: what is missing and where)."""
 
 
 @dataclass(frozen=True)
