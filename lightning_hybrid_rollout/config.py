@@ -42,6 +42,7 @@ from lightning_hybrid_rollout.errors import ConfigError as ConfigError  # re-exp
 __all__ = [
     "BUILTIN_POLICIES",
     "DTYPES",
+    "RUN_CONFIG_FILE",
     "AsyncTrainingConfig",
     "ConfigError",
     "DerivedCounts",
@@ -120,6 +121,10 @@ class _Checker:
         if self.problems:
             raise ConfigError(self.problems)
 
+
+#: The run dir's copy of a fit's ``rollout`` and ``async_training`` settings, written by the callback at the start of a
+#: fit beside ``trace.json`` (``lhr simulate --from-run`` reads it when there is no Lightning CLI ``config.yaml``).
+RUN_CONFIG_FILE = "hybrid_rollout_config.yaml"
 
 _OWN_KEYS = {"deactivate_ratio": "dynamic_schedule_deactivate_ratio", "only_hybrid": "only_hybrid"}
 

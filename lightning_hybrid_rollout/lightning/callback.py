@@ -38,6 +38,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
 from lightning_hybrid_rollout.config import (
+    RUN_CONFIG_FILE,
     AsyncTrainingConfig,
     ConfigError,
     RolloutConfig,
@@ -259,6 +260,20 @@ class HybridRolloutCallback(Callback):
 
     # ----------------------------------------------------------------------------------------------- lifecycle
 
+    def _save_run_config(self, run_dir: Path) -> None:
+        """Write ``RUN_CONFIG_FILE`` (the ``rollout`` and ``async_training`` settings, secrets redacted) into the run
+        dir, beside ``trace.json``: what ``lhr simulate --from-run`` reads back when no Lightning CLI ``config.yaml``
+        is there (a ``Trainer`` built in Python)."""
+        import json
+
+        import yaml
+
+        from lightning_hybrid_rollout.redaction import redact
+
+        doc = {"rollout": self.rollout.to_dict(), "async_training": self.async_training.to_dict()}
+        plain = json.loads(json.dumps(redact(doc), default=str))  # tuples to lists, anything else to text
+        (run_dir / RUN_CONFIG_FILE).write_text(yaml.safe_dump(plain, sort_keys=False), encoding="utf-8")
+
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         take_model_path(
@@ -277,6 +292,7 @@ class HybridRolloutCallback(Callback):
             self._run_dir = run_dir
             if trainer.is_global_zero:
                 run_dir.mkdir(parents=True, exist_ok=True)
+                self._save_run_config(run_dir)
                 from lightning_hybrid_rollout.tasks import get_task
 
                 prepare_model(self.rollout, self.build_model, lambda: get_task(self.task_name, **self.task_kwargs))

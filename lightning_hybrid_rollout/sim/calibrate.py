@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightning_hybrid_rollout.config import AsyncTrainingConfig, ConfigError
+from lightning_hybrid_rollout.config import RUN_CONFIG_FILE, AsyncTrainingConfig, ConfigError
 from lightning_hybrid_rollout.errors import CalibrationError as CalibrationError  # re-exported
 from lightning_hybrid_rollout.sim.scenario import (
     RUN_KEYS,
@@ -192,9 +192,13 @@ def _iqr(values: Sequence[float]) -> float | None:
 
 
 def find_config(run_dir: str | os.PathLike[str]) -> Path | None:
-    """The run's saved config in ``run_dir``: ``config.yaml`` (the Lightning CLI's) if there, else None."""
-    path = Path(run_dir) / "config.yaml"
-    return path if path.is_file() else None
+    """The run's saved config in ``run_dir``: ``config.yaml`` (the Lightning CLI's) if there, else the callback's own
+    copy (:data:`~lightning_hybrid_rollout.config.RUN_CONFIG_FILE`), else None."""
+    for name in ("config.yaml", RUN_CONFIG_FILE):
+        path = Path(run_dir) / name
+        if path.is_file():
+            return path
+    return None
 
 
 def _sections(doc: Any, out: dict[str, Mapping[str, Any]]) -> None:

@@ -149,6 +149,23 @@ def test_dynamic_run_writes_a_valid_trace(dynamic_run: dict[str, Any]) -> None:
     assert events and all("ph" in e and "ts" in e for e in events if e.get("ph") != "M")
 
 
+def test_dynamic_run_saves_its_settings_and_the_simulator_fit_reads_them_back(dynamic_run: dict[str, Any]) -> None:
+    import yaml
+
+    from lightning_hybrid_rollout.config import RUN_CONFIG_FILE
+    from lightning_hybrid_rollout.sim.calibrate import calibrate_run
+
+    root = Path(dynamic_run["root"])
+    saved = yaml.safe_load((root / RUN_CONFIG_FILE).read_text())
+    at = saved["async_training"]
+    assert at["dynamic_schedule_policy"] == "default" and saved["rollout"]["model_path"]
+    fit = calibrate_run(root)
+    for key in ("mini_batch_size", "trigger_parameter_sync_step", "staleness_threshold"):
+        assert getattr(fit.scenario.async_training, key) == at[key], key
+    assert fit.scenario.runs[0].policy == "default"
+    assert fit.scenario.group_size == saved["rollout"]["n"]
+
+
 def test_wandb_offline_run_contains_the_metrics(dynamic_run: dict[str, Any]) -> None:
     run_dir = dynamic_run["wandb_dir"]
     summary = Path(run_dir) / "files" / "wandb-summary.json"
