@@ -292,7 +292,6 @@ class HybridRolloutCallback(Callback):
             self._run_dir = run_dir
             if trainer.is_global_zero:
                 run_dir.mkdir(parents=True, exist_ok=True)
-                self._save_run_config(run_dir)
                 from lightning_hybrid_rollout.tasks import get_task
 
                 prepare_model(self.rollout, self.build_model, lambda: get_task(self.task_name, **self.task_kwargs))
@@ -330,6 +329,7 @@ class HybridRolloutCallback(Callback):
     def _start_runtime(self, trainer: Trainer, node_ips: list[str] | None = None) -> None:
         from lightning_hybrid_rollout.lightning.runtime import RolloutRuntime
 
+        self._save_run_config(self._run_dir)  # after every check: a refused run writes nothing
         self._runtime = RolloutRuntime(
             rollout=self.rollout,
             async_training=self.async_training,
