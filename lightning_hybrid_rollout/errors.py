@@ -35,6 +35,11 @@ class CalibrationError(HybridRolloutError, ValueError):
     and where."""
 
 
+class PlanError(HybridRolloutError, ValueError):
+    """A plan request (``lhr plan``) that no candidate run can answer: too few devices, no split fitting the
+    replica size, bad scaling options; one line, the value seen and what to give instead."""
+
+
 class SimulationError(HybridRolloutError, RuntimeError):
     """The simulation cannot proceed (e.g. the trainer waits for samples no replica can ever produce)."""
 

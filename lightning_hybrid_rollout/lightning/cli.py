@@ -1,10 +1,11 @@
-"""The ``lhr`` console script: a LightningCLI for hybrid-rollout RL, plus ``simulate`` and ``report``.
+"""The ``lhr`` console script: a LightningCLI for hybrid-rollout RL, plus ``simulate``, ``plan`` and ``report``.
 
 Usage::
 
     lhr fit --config examples/quickstart_cpu.yaml
     lhr validate --config examples/quickstart_cpu.yaml
     lhr simulate --preset seed [--json] [--plot DIR]
+    lhr plan --from-run RUN_DIR --devices 32 [--json] [--plot DIR]
     lhr report RUN_DIR
 
 ``fit``/``validate`` are Lightning's own subcommands: the model, the data module, the strategy and the
@@ -23,7 +24,7 @@ from typing_extensions import override
 if TYPE_CHECKING:
     from lightning.pytorch.cli import LightningCLI
 
-_SIM_COMMANDS = ("simulate", "report")
+_SIM_COMMANDS = ("simulate", "plan", "report")
 
 
 def cli_main(args: Sequence[str], run: bool = True) -> LightningCLI:
@@ -96,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args and args[0] in _SIM_COMMANDS:
         from lightning_hybrid_rollout.sim import cli as sim_cli
 
-        main_fn = sim_cli.simulate_main if args[0] == "simulate" else sim_cli.report_main
+        main_fn = {"simulate": sim_cli.simulate_main, "plan": sim_cli.plan_main, "report": sim_cli.report_main}[args[0]]
         raise SystemExit(main_fn(args[1:]))
     if args and args[0] == "prepare-model":
         from lightning_hybrid_rollout.lightning.prepare_model_cli import prepare_model_main

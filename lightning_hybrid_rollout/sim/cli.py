@@ -1,4 +1,5 @@
-"""``lhr simulate`` and ``lhr report``: the simulator and the trace renderer on the command line.
+"""``lhr simulate``, ``lhr plan`` and ``lhr report``: the simulator, the planner and the trace renderer on the command
+line.
 
 ``lhr simulate [SCENARIO.yaml | --preset NAME] [--json | --markdown] [--gap] [--plot DIR] [--runs a,b] [--steps N]
 [--seed N]`` simulates every run of a scenario; ``--json`` prints exactly one JSON object::
@@ -15,6 +16,10 @@ each run's time beyond the balance bound went (:data:`~lightning_hybrid_rollout.
 ``--from-run RUN_DIR [--write-scenario FILE] [--fit-only]`` fits a scenario to a real run
 (:mod:`lightning_hybrid_rollout.sim.calibrate`), prints the fitted parameters with their spread and source (to stderr
 with ``--json``), writes the scenario YAML, then simulates it (not with ``--fit-only``).
+
+``lhr plan (--from-run RUN_DIR | --scenario FILE | --preset NAME) --devices N`` simulates every split of N devices
+with and without hybrid replicas, every registered policy and the runtime-option sets of
+:mod:`lightning_hybrid_rollout.sim.plan`, and prints them ranked by predicted time (:func:`plan_main`).
 
 ``lhr report RUN_DIR [--out DIR] [--window START END] [--train-devices N]`` prints, per trace, the run's balance
 bound, its efficiency and where the trainer's time went (:mod:`lightning_hybrid_rollout.run_bound`: the simulator's
@@ -54,7 +59,7 @@ from lightning_hybrid_rollout.sim.world import SimulationError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["report_main", "simulate_main"]
+__all__ = ["plan_main", "report_main", "simulate_main"]
 
 
 def _simulate_parser() -> argparse.ArgumentParser:
@@ -391,6 +396,234 @@ def report_main(argv: Sequence[str] | None = None) -> int:
         _print_bound(name, trace, args.train_devices)
     out = Path(args.out) if args.out else run_dir / "plots"
     paths = render_traces(traces, out, window=tuple(args.window) if args.window else None, cycles=args.cycles)
+    for p in paths:
+        print(p)
+    return 0
+
+
+# -------------------------------------------------------------------------------------------------------- plan
+
+
+def _plan_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="lhr plan",
+        description="Simulate every split of N devices, with and without hybrid replicas, every registered policy "
+        "and the runtime options; print them ranked by predicted time, with efficiency, speedup over the best "
+        "static split, where the time went and the staleness (docs/choosing_a_split.md, 'Plan from a pilot run').",
+    )
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--from-run", metavar="RUN_DIR", help="fit the workload to a real run (lhr simulate --from-run)"
+    )
+    source.add_argument("--scenario", metavar="FILE", help="a scenario YAML file (its runs: are ignored)")
+    source.add_argument("--preset", help=f"a built-in scenario: {', '.join(preset_names())}")
+    p.add_argument("--devices", type=int, required=True, metavar="N", help="devices to split (trainer + rollout)")
+    p.add_argument("--top", type=int, metavar="K", help="show the K fastest (table default 10; --json default all)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    p.add_argument("--plot", metavar="DIR", help="write the best plan's (and the best static split's) traces and PNGs")
+    p.add_argument("--jobs", type=int, default=1, metavar="J", help="simulate in J worker processes (default 1)")
+    p.add_argument("--policies", help="comma-separated policies to try with hybrid replicas (default: all registered)")
+    p.add_argument("--options", help="comma-separated runtime-option sets (default: all of sim.plan.OPTION_SETS)")
+    p.add_argument("--steps", type=int, help="override the scenario's number of param versions (sync cycles)")
+    p.add_argument("--model-gb", type=float, help="with --sync-gbps: standalone weight sync = model-gb x 8 / sync-gbps")
+    p.add_argument("--sync-gbps", type=float, help="trainer -> standalone replica bandwidth, Gbit/s (with --model-gb)")
+    return p
+
+
+def _plan_scenario(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Scenario:
+    from lightning_hybrid_rollout.sim.calibrate import CalibrationError, calibrate_run
+
+    out = sys.stderr if args.json else sys.stdout
+    try:
+        if args.from_run:
+            sc = calibrate_run(args.from_run).scenario
+            print(
+                f"workload fitted to {args.from_run} (`lhr simulate --from-run {args.from_run} --fit-only` prints "
+                "every number with its spread and source)",
+                file=out,
+            )
+        elif args.preset:
+            sc = get_preset(args.preset)
+        else:
+            sc = Scenario.from_yaml(args.scenario)
+        if args.steps is not None:
+            sc = Scenario.from_dict({**sc.to_dict(), "steps": args.steps})
+    except KeyError as err:
+        parser.error(str(err.args[0]))
+    except (CalibrationError, ScenarioError, OSError) as err:
+        parser.error(str(err))
+    return sc
+
+
+def _duration(seconds: float) -> str:
+    if seconds != seconds:  # NaN: a candidate that failed
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+_PLAN_COLUMNS = (
+    "#",
+    "run",
+    "split",
+    "policy",
+    "options",
+    "time",
+    "efficiency",
+    "vs static",
+    "train",
+    "hybrid gen",
+    "wait",
+    "switch+sync",
+    "stale max/mean/budget",
+    "carried",
+)
+
+
+def _plan_rows(result: object, top: int) -> list[list[str]]:
+    from lightning_hybrid_rollout.sim.plan import Plan, breakdown_groups
+
+    assert isinstance(result, Plan)
+    rows = []
+    for r in result.rows[:top]:
+        if r.error is not None:
+            head = [str(r.rank), r.name, r.split, r.policy or "-", r.options]
+            rows.append([*head, "failed", r.error[:60], *([""] * (len(_PLAN_COLUMNS) - len(head) - 2))])
+            continue
+        g = breakdown_groups(r)
+        st = r.staleness
+        assert st is not None
+        rows.append(
+            [
+                str(r.rank),
+                r.name,
+                r.split,
+                r.policy or "-",
+                r.options,
+                _duration(r.time_s),
+                f"{r.efficiency:.3f}",
+                f"x{r.speedup_vs_static:.3f}" if r.speedup_vs_static is not None else "-",
+                *(f"{100 * g[k]:.1f}%" for k in ("train", "hybrid gen", "wait", "switch+sync")),
+                f"{st.max_samples:.0f}/{st.mean_samples:.0f}/{st.budget_samples}",
+                f"{st.carried_mean_samples:.0f}",
+            ]
+        )
+    return rows
+
+
+def _plan_title(result: object) -> str:
+    from lightning_hybrid_rollout.sim.plan import Plan
+
+    assert isinstance(result, Plan)
+    best = result.best
+    line = (
+        f"plan for {result.devices} devices, scenario {result.scenario}: {len(result.rows)} candidates simulated in "
+        f"{result.wall_s:.0f} s; balance bound {_duration(result.balance_bound_s)}; best {best.name} "
+        f"{_duration(best.time_s)}"
+    )
+    if result.best_static is not None and best.speedup_vs_static is not None:
+        static = result.row(result.best_static)
+        line += f", x{best.speedup_vs_static:.3f} over the best static split {static.name} ({_duration(static.time_s)})"
+    return line
+
+
+_PLAN_NOTES = (
+    "efficiency = the plan's balance bound (the best split's) / time; vs static = the best static split's time / "
+    "time; train, hybrid gen, wait, switch+sync = the trainer's time; staleness = samples counted against a version "
+    "per cycle (max/mean) and the budget max_required_samples; carried = mean samples queued or in flight at a sync "
+    "(generated partly under older weights)"
+)
+
+
+def _plot_plan(sc: Scenario, result: object, out: Path) -> list[Path]:
+    """The best plan's (and the best static split's) traces and PNGs in ``out`` (as ``lhr simulate --plot``)."""
+    from lightning_hybrid_rollout.sim.plan import Plan
+    from lightning_hybrid_rollout.sim.runner import run_once
+
+    assert isinstance(result, Plan)
+    names = [result.best.name]
+    if result.best_static is not None and result.best_static not in names:
+        names.append(result.best_static)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for name in names:
+        one = sc.with_runs([result.row(name).spec()])
+        run = run_once(one, one.runs[0], out / f"trace_{name}.json")
+        run.efficiency = result.balance_bound_s / run.time_s
+        runs.append(run)
+    return _plot_result(ScenarioResult(sc.name, result.balance_bound_s, runs), out)
+
+
+def plan_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``lhr plan`` (:mod:`lightning_hybrid_rollout.sim.plan`). Returns the exit status.
+
+    ``lhr plan (--from-run RUN_DIR | --scenario FILE | --preset NAME) --devices N [--top K] [--json | --markdown]
+    [--plot DIR] [--jobs J] [--policies a,b] [--options a,b] [--steps N] [--model-gb GB --sync-gbps GBPS]``;
+    ``--json`` prints exactly one JSON object (:meth:`Plan.to_json`)::
+
+        {"scenario": str, "devices": int, "balance_bound_s": float, "best_static": str | null, "candidates": int,
+         "rows": [{"rank", "name", "train_devices", "rollout_devices", "hybrid", "policy", "options",
+                   "async_training", "time_s", "efficiency", "speedup_vs_static", "breakdown_s",
+                   "staleness": {"max_samples", "mean_samples", "budget_samples", "carried_mean_samples",
+                                 "step_samples"}, "activations", "error"}]}
+
+    Bad input (fewer than 2 devices, no split fitting the replica size, an unknown preset or policy, a run dir
+    without a trace) is one line on stderr and exit status 2.
+
+    Args:
+        argv: Arguments after ``plan`` (default: ``sys.argv[1:]``).
+    """
+    from lightning_hybrid_rollout.errors import PlanError
+    from lightning_hybrid_rollout.sim.plan import plan, scale_sync
+
+    parser = _plan_parser()
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    logging.getLogger("lightning_hybrid_rollout.schedule").setLevel(logging.WARNING)  # one note per candidate
+    if (args.model_gb is None) != (args.sync_gbps is None):
+        parser.error("--model-gb and --sync-gbps go together (the standalone sync = model bytes / bandwidth)")
+    if args.top is not None and args.top < 1:
+        parser.error(f"--top must be >= 1, got {args.top}")
+    sc = _plan_scenario(args, parser)
+
+    def names(value: str | None) -> list[str] | None:
+        return [n.strip() for n in value.split(",") if n.strip()] if value else None
+
+    try:
+        if args.model_gb is not None:
+            sc = scale_sync(sc, args.model_gb, args.sync_gbps)
+        result = plan(sc, args.devices, jobs=args.jobs, policies=names(args.policies), option_sets=names(args.options))
+    except PlanError as err:
+        parser.error(str(err))
+    paths = _plot_plan(sc, result, Path(args.plot)) if args.plot else []
+    for p in paths:
+        logger.info("wrote %s", p)
+    if args.json:
+        print(json.dumps(result.to_json(args.top)))
+        return 0
+    top = args.top or 10
+    rows = _plan_rows(result, top)
+    if args.markdown:
+        print(_plan_title(result) + "\n")
+        print(_markdown(_PLAN_COLUMNS, rows) + "\n")
+        print(_PLAN_NOTES)
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        console = Console(width=max(Console().width, 220))
+        table = Table(title=_plan_title(result))
+        for col in _PLAN_COLUMNS:
+            table.add_column(col, justify="left" if col in ("run", "policy", "options") else "right", no_wrap=True)
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+        console.print(_PLAN_NOTES, highlight=False)
+    if len(result.rows) > top:
+        print(f"({len(result.rows) - top} more: --top {len(result.rows)})")
     for p in paths:
         print(p)
     return 0

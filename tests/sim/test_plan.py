@@ -1,0 +1,215 @@
+"""`lhr plan`: the candidates it enumerates, their ranking, the JSON schema, the plot, a known best plan, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lightning_hybrid_rollout.errors import HybridRolloutError, PlanError
+from lightning_hybrid_rollout.schedule import DynamicSchedulePolicyBase, available_policies
+from lightning_hybrid_rollout.schedule import base as registry
+from lightning_hybrid_rollout.sim.cli import plan_main
+from lightning_hybrid_rollout.sim.plan import OPTION_SETS, candidate_runs, plan, scale_sync
+
+from .conftest import tiny_scenario
+
+RUN_DIR = Path(__file__).resolve().parents[1] / "data" / "cpu_miniature_default_8_steps"
+FREE_SWITCHES = {k: 0.0 for k in ("standalone_sync_s", "standalone_commit_s", "hybrid_sync_s", "wake_s", "sleep_s")}
+FREE_SWITCHES.update(add_s=0.0, resume_s=0.0, remove_s=0.0, abort_s=0.0, rebalance_s=0.0)
+COSTLY_SWITCHES = {"standalone_sync_s": 1.0, "hybrid_sync_s": 20.0, "wake_s": 30.0, "sleep_s": 30.0}
+_ROW_KEYS = {
+    "rank",
+    "name",
+    "train_devices",
+    "rollout_devices",
+    "hybrid",
+    "policy",
+    "options",
+    "async_training",
+    "time_s",
+    "efficiency",
+    "speedup_vs_static",
+    "breakdown_s",
+    "staleness",
+    "activations",
+    "error",
+}
+_STALENESS_KEYS = {"max_samples", "mean_samples", "budget_samples", "carried_mean_samples", "step_samples"}
+
+
+class _NeverDeactivates(DynamicSchedulePolicyBase):
+    """Activates at every sync and never gives the devices back: the simulator refuses to train (a failed run)."""
+
+    def should_deactivate(self, global_steps, is_hybrid_active, ctx):
+        return False
+
+    def deactivate_wait_samples(self, ctx):
+        return 0
+
+    def should_activate_after_step(self, global_steps, is_hybrid_active, ctx):
+        return True
+
+
+@pytest.fixture
+def probe_policy(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A policy registered for this test only (the registry entry is removed afterwards)."""
+    monkeypatch.setitem(registry._REGISTRY, "plan_probe_never_deactivates", _NeverDeactivates)
+    return "plan_probe_never_deactivates"
+
+
+def _scenario_file(tmp_path: Path, **overrides) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(tiny_scenario(**overrides).to_dict()))
+    return path
+
+
+def test_candidates_are_every_split_static_and_hybrid_with_every_registered_policy_and_option_set(probe_policy):
+    runs = candidate_runs(tiny_scenario(), 4)  # replicas of 1 device: every split
+    got = {(r.train_devices, r.rollout_devices, r.hybrid, r.policy, _set_of(r.async_training, r.hybrid)) for r in runs}
+    policies = available_policies()
+    assert probe_policy in policies  # the registry is read, not a list of names
+    expected = {(t, 4 - t, False, None, o) for t in (1, 2, 3) for o in OPTION_SETS}
+    expected |= {(t, 4 - t, True, p, o) for t in (1, 2, 3, 4) for p in policies for o in OPTION_SETS}
+    assert got == expected and len(runs) == len(expected)
+    assert len({r.name for r in runs}) == len(runs)
+    assert all(r.hybrid for r in runs if r.rollout_devices == 0)  # colocated only with hybrid replicas
+
+
+def _set_of(changes: dict, hybrid: bool) -> str:
+    (name,) = [
+        n for n, o in OPTION_SETS.items() if all(changes[k] == v for k, v in (o.hybrid if hybrid else o.static).items())
+    ]
+    return name
+
+
+def test_splits_follow_the_replica_sizes():
+    sizes = {"replica": {"devices": 2, "tokens_per_s": 40.0}, "hybrid_replica": {"devices": 4, "tokens_per_s": 40.0}}
+    sc = tiny_scenario(**sizes, runs=[])  # the plan ignores a scenario's runs
+    runs = candidate_runs(sc, 8, policies=["default"], option_sets=["seed"])
+    assert {(r.train_devices, r.rollout_devices) for r in runs if not r.hybrid} == {(6, 2), (4, 4), (2, 6)}
+    assert {(r.train_devices, r.rollout_devices) for r in runs if r.hybrid} == {(4, 4), (8, 0)}
+    big = tiny_scenario(replica={"devices": 4, "tokens_per_s": 40.0}, runs=[])
+    with pytest.raises(PlanError, match="no split of 3 devices fits"):
+        candidate_runs(big, 3)
+
+
+def test_rows_are_ranked_by_predicted_time_with_failed_candidates_last(probe_policy):
+    result = plan(tiny_scenario(steps=4), 4, policies=["default", "rate_matched", probe_policy], option_sets=["seed"])
+    ok = [r for r in result.rows if r.error is None]
+    failed = [r for r in result.rows if r.error is not None]
+    assert [r.rank for r in result.rows] == list(range(1, len(result.rows) + 1))
+    assert [r.time_s for r in ok] == sorted(r.time_s for r in ok)
+    assert failed and all(r.policy == probe_policy for r in failed) and result.rows[-len(failed) :] == failed
+    assert "SimulationError" in failed[0].error
+    static = result.row(result.best_static)
+    assert not static.hybrid and static.time_s == min(r.time_s for r in ok if not r.hybrid)
+    assert result.balance_bound_s == min(r.work_bound_s for r in ok)
+    for r in ok:
+        assert r.efficiency == pytest.approx(result.balance_bound_s / r.time_s)
+        assert r.speedup_vs_static == pytest.approx(static.time_s / r.time_s)
+        assert sum(r.breakdown_s.values()) == pytest.approx(r.time_s)
+        assert 0 < r.staleness.mean_samples <= r.staleness.max_samples <= r.staleness.budget_samples
+
+
+def test_the_known_best_plan_wins():
+    # costly switches: lending the trainer's devices never pays, the balanced static split is the best plan
+    costly = plan(tiny_scenario(steps=4, switch=COSTLY_SWITCHES), 4, policies=["default", "rate_matched"])
+    assert not costly.best.hybrid and costly.best.split == "2+2" and costly.best.speedup_vs_static == 1.0
+    # free switches, cheap training: every device both trains and generates, colocated hybrid replicas win
+    free = plan(
+        tiny_scenario(steps=4, switch=FREE_SWITCHES, trainer={"device_s_per_token": 0.0005}),
+        4,
+        policies=["default", "rate_matched"],
+    )
+    assert free.best.hybrid and free.best.split == "4+0" and free.best.speedup_vs_static > 1.05
+
+
+def test_plan_json_is_one_object_with_the_documented_schema(tmp_path, capsys):
+    argv = ["--scenario", str(_scenario_file(tmp_path, steps=3)), "--devices", "3", "--json", "--policies", "default"]
+    assert plan_main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)  # stdout holds exactly one JSON object
+    assert set(doc) == {"scenario", "devices", "balance_bound_s", "best_static", "candidates", "rows"}
+    assert doc["devices"] == 3 and doc["candidates"] == len(doc["rows"]) == 2 * 2 + 3 * 2
+    for i, row in enumerate(doc["rows"], 1):
+        assert set(row) == _ROW_KEYS and row["rank"] == i and row["error"] is None
+        assert set(row["staleness"]) == _STALENESS_KEYS
+        assert row["policy"] == ("default" if row["hybrid"] else None) and row["options"] in OPTION_SETS
+        assert row["time_s"] >= doc["balance_bound_s"] and 0 < row["efficiency"] <= 1
+    assert [r["time_s"] for r in doc["rows"]] == sorted(r["time_s"] for r in doc["rows"])
+    assert plan_main([*argv, "--top", "2"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["rows"]) == 2
+
+
+def test_plan_table_and_plot_write_the_best_plans_timeline(tmp_path, capsys):
+    out = tmp_path / "plots"
+    argv = ["--scenario", str(_scenario_file(tmp_path, steps=3)), "--devices", "2", "--plot", str(out)]
+    assert plan_main([*argv, "--policies", "default", "--options", "seed"]) == 0
+    text = capsys.readouterr().out
+    best = text.split("; best ", 1)[1].split()[0]
+    assert "static_1_1" in text and "dynamic_1_1_default" in text and "efficiency" in text
+    for png in (out / f"timeline_{best}.png", out / "timeline_static_1_1.png", out / "breakdown.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000, png
+    assert (out / f"trace_{best}.json").is_file()
+
+
+def test_plan_from_a_recorded_run(capsys):
+    assert plan_main(["--from-run", str(RUN_DIR), "--devices", "2", "--json", "--policies", "default"]) == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert "fitted to" in captured.err  # the fit's note goes to stderr with --json
+    assert {r["name"] for r in doc["rows"]} >= {"static_1_1", "dynamic_1_1_default", "dynamic_2_0_default"}
+    assert doc["best_static"] in ("static_1_1", "static_1_1_staged_keep")
+
+
+def test_parallel_jobs_give_the_same_plan():
+    sc = tiny_scenario(steps=3)
+    one = plan(sc, 3, policies=["rate_matched"], option_sets=["all"])
+    two = plan(sc, 3, policies=["rate_matched"], option_sets=["all"], jobs=2)
+    assert [(r.name, r.time_s) for r in one.rows] == [(r.name, r.time_s) for r in two.rows]
+
+
+def test_sync_bandwidth_sets_the_standalone_sync_as_bytes_over_bandwidth():
+    sc = scale_sync(tiny_scenario(), model_gb=70.0, sync_gbps=100.0)
+    assert sc.switch.standalone_sync_s == pytest.approx(5.6)
+    assert sc.switch.hybrid_sync_s == tiny_scenario().switch.hybrid_sync_s  # device-local: as measured
+    with pytest.raises(PlanError, match="--sync-gbps must be a number > 0"):
+        scale_sync(sc, 70.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--preset", "seed", "--devices", "1"], "--devices must be an integer >= 2"),
+        (["--preset", "nope", "--devices", "4"], "unknown preset 'nope'"),
+        (["--from-run", "EMPTY", "--devices", "4"], "no trace.json"),
+        (["--preset", "seed", "--devices", "3"], "no split of 3 devices fits"),
+        (["--preset", "seed", "--devices", "8", "--policies", "nope"], "unknown policy ['nope']"),
+        (["--preset", "seed", "--devices", "8", "--model-gb", "70"], "--model-gb and --sync-gbps go together"),
+        (["--devices", "8"], "one of the arguments --from-run --scenario --preset is required"),
+    ],
+)
+def test_bad_input_is_one_clear_line_and_exit_status_2(tmp_path, capsys, argv, message):
+    argv = [str(tmp_path) if a == "EMPTY" else a for a in argv]
+    with pytest.raises(SystemExit) as exc:
+        plan_main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1] and err[-1].startswith("lhr plan: error: ")
+    assert err[0].startswith("usage: lhr plan") and sum("error" in line for line in err) == 1  # usage, one line
+
+
+def test_plan_errors_subclass_the_package_error():
+    with pytest.raises(HybridRolloutError):
+        candidate_runs(tiny_scenario(), 1)
+
+
+def test_lhr_dispatches_plan():
+    from lightning_hybrid_rollout.lightning import cli
+
+    assert "plan" in cli._SIM_COMMANDS
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["plan", "--preset", "nope", "--devices", "4"])
+    assert exc.value.code == 2
