@@ -133,7 +133,10 @@ def _load(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Scenario
     return sc
 
 
-_GAP_TITLE = "beyond each run's balance term (G + ρ·W)/(S + ρ·T): where the time went (seconds; sum = total)"
+_GAP_TITLE = (
+    "beyond each run's one-ratio balance term (G + ρ·W)/(S + ρ·T): where the time went (seconds; sum = total; "
+    "total - hybrid_ratio_below_rho_unavoidable = beyond the bound)"
+)
 _RUN_COLUMNS = ("run", "policy", "train+rollout", "hybrid", "time (h)", "efficiency", "utilization", "faster than 1st")
 
 

@@ -41,7 +41,7 @@ from lightning_hybrid_rollout import metrics as M
 from lightning_hybrid_rollout.schedule import DynamicResourceController, StepEndResult, create_policy
 from lightning_hybrid_rollout.schedule.cycle import CycleEnd, CycleLedger, ProductionByRole, RunShape, Totals
 from lightning_hybrid_rollout.schedule.rate_matched_policy import RateScheduleContext
-from lightning_hybrid_rollout.sim.bound import balance_bound, bound_terms
+from lightning_hybrid_rollout.sim.bound import balance_bound, balance_term_from_pieces, bound_pieces, bound_terms
 from lightning_hybrid_rollout.sim.pool import SimReplicaPool
 from lightning_hybrid_rollout.sim.results import (
     BREAKDOWN_HELP,
@@ -429,7 +429,9 @@ class _Run:
         rollout device-second is 1, a trainer device-second ``ρ``. What the run did not turn into trained work
         splits into :data:`GAP_KEYS`; each value is device-seconds / ``(S + ρ·T)``, i.e. wall seconds, and they sum
         to ``time_s`` minus the balance term (``residual``: decoding done at a version whose best rate differs from
-        the one ``G`` credits).
+        the one ``G`` credits). ``hybrid_ratio_below_rho_unavoidable`` is the part of the hybrid's shortfall below
+        ``ρ`` that the bound itself counts (its samples' own ratios are below ``ρ``, :func:`balance_bound`): what
+        is left, ``total`` minus it, is ``time_s`` minus the bound's balance term.
         """
         sc, run, w = self.sc, self.run, self.world
         gen, rho = bound_terms(sc, self.trained, dict(w.progress_at))
@@ -443,7 +445,15 @@ class _Run:
                 out[f"trainer_{key}"] = rho * T * b[key]
         hybrid_peak = acc.get("hybrid_decoded", 0.0) + acc.get("hybrid_below_peak", 0.0)
         out["hybrid_below_own_peak"] = acc.get("hybrid_below_peak", 0.0)
+        pieces_term = balance_term_from_pieces(
+            T, S, train_device_s, bound_pieces(sc, self.trained, dict(w.progress_at))
+        )
+        unavoidable = max(0.0, scale * pieces_term - gen - rho * train_device_s)
+        out["hybrid_ratio_below_rho_unavoidable"] = unavoidable
         out["hybrid_peak_below_rho"] = rho * T * b["waiting_hybrid_generating"] - hybrid_peak
+        # the part the bound counts comes off what the run booked at ρ: the hybrid's shortfall, or (no hybrid
+        # replica) the trainer's idle waits
+        out["hybrid_peak_below_rho" if run.hybrid else "trainer_waiting_idle"] -= unavoidable
         out["standalone_paused_for_sync"] = acc.get("standalone_syncing", 0.0)
         out["standalone_not_serving_other"] = sum(
             acc.get(f"standalone_{state}", 0.0) for state in ("parked", "switching", "active")

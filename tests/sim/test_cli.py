@@ -73,7 +73,7 @@ def test_simulate_markdown_and_gap_tables(tmp_path, capsys):
     assert any(line.startswith("| standalone_paused_for_sync |") for line in lines)
     assert simulate_main([str(_scenario_file(tmp_path)), "--gap", "--runs", "dynamic_default"]) == 0
     text = capsys.readouterr().out
-    assert "beyond each run's balance term" in text and "standalone_paused_for_sync" in text
+    assert "beyond each run's one-ratio balance term" in text and "standalone_paused_for_sync" in text
 
 
 def test_report_renders_a_run_directory(tmp_path, capsys):
