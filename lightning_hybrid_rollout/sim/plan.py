@@ -15,8 +15,9 @@ hybrid replica of ``h = hybrid_replica.devices``:
   ``early_first_sync``, ``staged_standalone_sync``, ``standalone_sync_mode: keep`` and rebalance off, run names ending
   in ``_overlap_early_staged_keep``: the best set on every preset, ``dynamic_rate_matched_overlap_early_staged_keep``
   in docs/simulator.md). A split without hybrid replicas takes only the options that act on it (staged + keep).
-  Each option helps or costs independently of the split on the presets, so the two ends bracket what the options
-  can win; ``lhr simulate`` with a ``runs:`` list compares any other combination.
+  The first is what a runtime without the options gets, the second the best run of the ``seed``, ``rollout_bound``
+  and ``drifting`` presets; ``lhr simulate`` with a ``runs:`` list compares any other combination on the winning
+  split (all 2^5 per split and policy would be 32 times the simulations).
 
 A seed-size scenario takes about a second per run; 32 devices in replicas of 4 give 94 candidates (``jobs`` runs
 them in worker processes). Every candidate is a one-run scenario (:meth:`Scenario.with_runs`), so the simulator
