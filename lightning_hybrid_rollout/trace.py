@@ -15,14 +15,17 @@ Tracks are named ``"group/name"``: the group becomes a trace *process*, the name
 * ``replica/<kind>_<i>`` (kind ``standalone`` or ``hybrid``): complete events ("X") named by the replica's state,
   one of :data:`REPLICA_STATES`: ``active`` (routable, serving requests), ``parked`` (hybrid asleep: its devices
   belong to the trainer), ``syncing`` (receiving weights; generation paused), ``switching`` (waking up / going to
-  sleep). :meth:`TraceWriter.describe_track` records each replica's kind and devices.
+  sleep). :meth:`TraceWriter.describe_track` records each replica's kind and devices (the runtime: its
+  concurrency cap too).
 * ``trainer/trainer``: complete events named by the trainer's phase, one of :data:`TRAINER_PHASES`:
   ``waiting`` (for samples; ``args.hybrid`` says whether hybrid replicas were generating meanwhile),
   ``training``, ``weight_sync`` (``args.target``: ``standalone`` or ``hybrid``), ``switching`` (hybrid
   activation/deactivation, ``args.op``).
 * counters ("C"): :data:`QUEUE_DEPTH` (samples in the message queue) and :data:`IN_FLIGHT` (samples being generated).
   The runtime also writes, at each sync cycle's end, running totals since training began: :data:`TRAINED_SAMPLES`
-  and :data:`TRAINED_TOKENS` (the batches the trainer took, response tokens) and, per replica role,
+  and :data:`TRAINED_TOKENS` (the batches the trainer took, response tokens; the runtime adds
+  :data:`TRAINED_TOKENS_SQ`, the squared response lengths summed, and :data:`TRAINED_PROMPT_TOKENS`, their prompt
+  tokens, which ``lhr simulate --from-run`` fits the lengths' spread and the prompt length to) and, per replica role,
   ``decoded_tokens.<role>`` / ``serving_s.<role>`` (:data:`DECODED_TOKENS`, :data:`SERVING_S`; ``role`` is
   ``standalone`` or ``hybrid``: the tokens the role's replicas decoded and the seconds it was serving, from the
   rollouter's role windows). A real run's balance bound is computed from them
@@ -67,8 +70,10 @@ __all__ = [
     "REPLICA_STATES",
     "SERVING_S",
     "STEP_METRICS",
+    "TRAINED_PROMPT_TOKENS",
     "TRAINED_SAMPLES",
     "TRAINED_TOKENS",
+    "TRAINED_TOKENS_SQ",
     "TRAINER_PHASES",
     "TRAINER_TRACK",
     "Counter",
@@ -96,6 +101,10 @@ STEP_METRICS = "step_metrics"
 TRAINED_SAMPLES = "trained_samples"
 #: Counter (running total): response tokens of those samples.
 TRAINED_TOKENS = "trained_tokens"
+#: Counter (running total): squared response lengths of those samples, summed (their spread).
+TRAINED_TOKENS_SQ = "trained_tokens_sq"
+#: Counter (running total): prompt tokens of those samples.
+TRAINED_PROMPT_TOKENS = "trained_prompt_tokens"
 #: Counter prefix (running total, ``decoded_tokens.<role>``): tokens a replica role decoded (aborted segments included).
 DECODED_TOKENS = "decoded_tokens"
 #: Counter prefix (running total, ``serving_s.<role>``): seconds a replica role was serving (routable, not syncing).

@@ -143,7 +143,7 @@ def write_runtime_trace(run_dir: Path) -> None:
     from lightning_hybrid_rollout.lightning.runtime import RolloutRuntime
 
     rt = RolloutRuntime(RolloutConfig(), AsyncTrainingConfig(), workload=None, run_dir=run_dir, trace=True)
-    samples = [SimpleNamespace(response_length=1000) for _ in range(8)]
+    samples = [SimpleNamespace(response_length=1000, prompt_token_ids=[0] * 30) for _ in range(8)]
     rt.queue = SimpleNamespace(get_batch=lambda n, timeout: samples[:n], size=lambda: 0)
     windows = iter([_window((1000, 0.5), (0, 0.0)), _window((1000, 0.5), (600, 0.4))])
     rt.rollouter = SimpleNamespace(take_role_window=lambda: next(windows), in_flight=0, is_running=False)

@@ -547,10 +547,13 @@ class RolloutRuntime(RuntimeQueries):
     def _describe_tracks(self, s_cores: list[list[int]], h_cores: list[list[int]]) -> None:
         if self._trace is None:
             return
+        cap = self.rollout.concurrent_samples_per_replica  # each replica's concurrency (lhr simulate --from-run)
         for i, cores in enumerate(s_cores):
-            self._trace.describe_track(self.trace_track(f"standalone-{i}"), kind="standalone", devices=cores)
+            self._trace.describe_track(
+                self.trace_track(f"standalone-{i}"), kind="standalone", devices=cores, concurrency=cap
+            )
         for i, cores in enumerate(h_cores):
-            self._trace.describe_track(self.trace_track(f"hybrid-{i}"), kind="hybrid", devices=cores)
+            self._trace.describe_track(self.trace_track(f"hybrid-{i}"), kind="hybrid", devices=cores, concurrency=cap)
         self._trace.describe_track("trainer/trainer", kind="trainer", devices=sorted({c for h in h_cores for c in h}))
 
     def set_state(self, replica_ids: Sequence[str], state: str, t: float | None = None) -> None:
@@ -573,7 +576,12 @@ class RolloutRuntime(RuntimeQueries):
     def take_samples(self, n: int, timeout: float) -> list[Any]:
         """Remove and return ``n`` samples (oldest first); counted for the trace's ``trained_*`` totals."""
         samples = super().take_samples(n, timeout)
-        self._add_totals(trained_samples=len(samples), trained_tokens=sum(s.response_length for s in samples))
+        self._add_totals(
+            trained_samples=len(samples),
+            trained_tokens=sum(s.response_length for s in samples),
+            trained_tokens_sq=sum(s.response_length**2 for s in samples),  # the lengths' spread
+            trained_prompt_tokens=sum(len(s.prompt_token_ids) for s in samples),
+        )
         return samples
 
     def take_role_window(self) -> Any:

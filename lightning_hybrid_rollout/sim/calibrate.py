@@ -11,25 +11,39 @@ What is read from where (docs/simulator.md, "Calibrating from a real run"):
 
 * the split: the devices the trace's tracks describe (``trainer/trainer``, ``replica/<kind>_<i>``);
 * decode rates: the running totals ``decoded_tokens.<role>`` / ``serving_s.<role>`` per sync cycle, per replica
-  (each replica's throughput at its concurrency); ``tokens_per_s`` is that throughput divided by
-  ``X(cap) / tokens_per_s = cap / (1 + batch_slowdown·(cap − 1))`` (the model's throughput at its cap: the rate is
-  measured while serving, where replicas run full), with ``batch_slowdown`` not measured;
+  (each replica's throughput at its concurrency); ``tokens_per_s`` is that throughput divided by the model's
+  ``X(m) / tokens_per_s = m / (1 + batch_slowdown·(m − 1))`` averaged over the role's ``active`` spans inside the
+  counted window (the trainer's first span to the last cycle's end), ``m`` from the ``in_flight`` counter (held at
+  its first value before its first sample), or at ``m = cap`` without one; ``batch_slowdown`` not measured. A run
+  whose hybrid replicas never served (a static run) gets ``hybrid_replica.tokens_per_s`` = ``hybrid_speed_ratio``
+  (:data:`HYBRID_SPEED_RATIO`, an assumption) × the standalone one;
 * the trainer: ``training`` spans × devices over the trained tokens (``trained_tokens`` + ``trained_samples`` ×
-  ``prompt_tokens``) per cycle;
+  ``prompt_tokens``) per cycle; ``step_overhead_s``: the trainer track's time outside its spans (Lightning's loop,
+  logging, the cycle's bookkeeping) per training span;
 * lengths: the mean trained response length per cycle (``trained_tokens`` / ``trained_samples``), a line over the
   cycles (``mean_tokens``, ``drift_per_step``; the first cycle, biased to the responses that finish first, is left
   out when there are three or more), or the per-step ``train/response_length_mean`` of ``metrics.csv`` when the
-  trace has fewer than three cycles;
+  trace has fewer than three cycles; ``sigma`` from the within-cycle spread (``trained_tokens_sq``), and
+  ``mean_tokens`` (and ``sigma``) chosen so that the model's log-normal, clipped at one token and
+  ``rollout.response_length``, has the measured mean (and spread); ``prompt_tokens`` = ``trained_prompt_tokens`` /
+  ``trained_samples``;
 * switch costs: the trainer's ``weight_sync`` spans (``standalone_sync_s``; ``hybrid_sync_s`` when it has its own),
   its ``switching`` spans by ``args.op`` (the simulator's one per pool method), or, for the runtime's one
   ``activate`` / ``deactivate`` span, split by the hybrid replica's own spans inside it (wake until its ``syncing``
   span, the hybrid sync, ``add`` + ``resume`` after; remove + abort until its ``switching`` span, sleep after);
-  ``standalone_commit_s``: the standalone replicas' ``syncing`` spans of a staged sync;
+  ``standalone_commit_s``: the standalone replicas' ``syncing`` spans of a staged sync; a cost the run never paid
+  (a static run's hybrid wake, sync, sleep, ...) is its default scaled as the measured ``standalone_sync_s`` is
+  (the defaults' proportions at this run's speed: an assumption);
 * the workload and the run's options: the saved config's ``async_training`` and ``rollout`` sections (found
   anywhere in ``config.yaml``, e.g. in the Lightning CLI's layout), else the trace (samples per training span,
   training spans per cycle, the simulator's run metadata).
 
 Values are the totals' ratios (token-weighted), spreads the interquartile range of the per-cycle values.
+
+:meth:`Calibration.scenario_for` swaps the measured run for another of the same workload (another policy, static
+instead of dynamic): a prediction. The standalone rate converts between a run whose hybrid replicas serve and one
+where they never do by :data:`STANDALONE_SPEED_WITH_HYBRID` (an assumption; ``benchmarks/planner_fidelity.py``
+measures how well the swap predicts, issue #15).
 
 Example::
 
@@ -58,6 +72,7 @@ from lightning_hybrid_rollout.errors import CalibrationError as CalibrationError
 from lightning_hybrid_rollout.sim.scenario import (
     RUN_KEYS,
     ReplicaModel,
+    RunSpec,
     Scenario,
     ScenarioError,
     SwitchCosts,
@@ -67,15 +82,26 @@ from lightning_hybrid_rollout.trace import (
     DECODED_TOKENS,
     IN_FLIGHT,
     SERVING_S,
+    TRAINED_PROMPT_TOKENS,
     TRAINED_SAMPLES,
     TRAINED_TOKENS,
+    TRAINED_TOKENS_SQ,
     TRAINER_TRACK,
     Span,
     TraceData,
     load_trace,
 )
 
-__all__ = ["Calibration", "CalibrationError", "FittedParameter", "calibrate", "calibrate_run", "find_config"]
+__all__ = [
+    "HYBRID_SPEED_RATIO",
+    "STANDALONE_SPEED_WITH_HYBRID",
+    "Calibration",
+    "CalibrationError",
+    "FittedParameter",
+    "calibrate",
+    "calibrate_run",
+    "find_config",
+]
 
 #: The workload keys of ``async_training`` a scenario holds once (the rest are a run's own, ``RUN_KEYS``).
 _WORKLOAD_KEYS: tuple[str, ...] = (
@@ -96,6 +122,20 @@ _OP_COSTS: dict[str, str] = {
     "rebalance_requests": "rebalance_s",
 }
 _NOT_MEASURED = "default, not measured"
+
+#: A run whose hybrid replicas never served (a static run) cannot measure their speed: their ``tokens_per_s`` is
+#: assumed this fraction of the standalone replicas' (``ρ``, the bound's hybrid/standalone ratio within one run).
+#: 0.73: the middle of the 0.70-0.76 the CPU miniature's dynamic runs measured (docs/cpu_miniature.md, issue #14),
+#: where the hybrid replica shares the trainer's core; ``calibrate(..., hybrid_speed_ratio=)`` overrides it.
+HYBRID_SPEED_RATIO = 0.73
+#: The standalone replicas' speed in a run whose hybrid replicas serve, over their speed in a run where they never
+#: do (:meth:`Calibration.scenario_for` converts between the two). 1.0: on the CPU miniature, every trainer thread
+#: pinned to the trainer's core, the standalone replica keeps its rate in a dynamic run (docs/cpu_miniature.md: 4620
+#: vs 4620 tok/s; issue #15's pair 4277 static vs 4291 dynamic); the one dynamic run measured 15% slower (4283 vs
+#: 3656) ran under more load from other processes (4.6 vs 3.2), which no fit can know. Set it below 1 where hybrid
+#: replicas contend with the standalone ones (a shared host, memory bandwidth):
+#: ``scenario_for(..., standalone_speed_with_hybrid=)``.
+STANDALONE_SPEED_WITH_HYBRID = 1.0
 
 
 @dataclass(frozen=True)
@@ -136,6 +176,63 @@ class Calibration:
     scenario: Scenario
     parameters: list[FittedParameter] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    hybrid_served: bool = False
+    hybrid_speed_ratio: float | None = None
+
+    def scenario_for(
+        self,
+        run: Mapping[str, Any] | RunSpec,
+        *,
+        standalone_speed_with_hybrid: float | None = None,
+        hybrid_speed_ratio: float | None = None,
+    ) -> Scenario:
+        """The fitted scenario with ``run`` instead of the measured run: a prediction of another run of the same
+        workload on the same machine (another policy, static instead of dynamic, other options, another split).
+
+        The standalone replicas' rate is converted between a run whose hybrid replicas serve and one where they
+        never do (``run`` is static, or its policy is ``static_fully_async``): multiplied by
+        ``standalone_speed_with_hybrid`` (default :data:`STANDALONE_SPEED_WITH_HYBRID`) from a static fit to a
+        serving run, divided by it the other way. Where the fitted run never measured the hybrid replicas, their rate
+        is ``hybrid_speed_ratio`` (default: the fit's, :data:`HYBRID_SPEED_RATIO`) × the converted standalone rate.
+
+        Args:
+            run: The run to predict (a :class:`~lightning_hybrid_rollout.sim.scenario.RunSpec` or its mapping:
+                ``name``, ``train_devices``, ``rollout_devices``, ``hybrid``, ``async_training`` of
+                :data:`~lightning_hybrid_rollout.sim.scenario.RUN_KEYS`).
+            standalone_speed_with_hybrid: The conversion factor (0 < f).
+            hybrid_speed_ratio: ``ρ`` when the fit did not measure it (ignored when it did).
+
+        Raises:
+            CalibrationError: A factor that is not > 0, or a run the scenario refuses.
+        """
+        f = (
+            STANDALONE_SPEED_WITH_HYBRID
+            if standalone_speed_with_hybrid is None
+            else float(standalone_speed_with_hybrid)
+        )
+        rho = self.hybrid_speed_ratio if hybrid_speed_ratio is None else float(hybrid_speed_ratio)
+        if not f > 0 or (rho is not None and not rho > 0):
+            raise CalibrationError(
+                f"standalone_speed_with_hybrid and hybrid_speed_ratio must be > 0, got {f} and {rho}"
+            )
+        data = self.scenario.to_dict()
+        data["runs"] = [dataclasses.asdict(run) if isinstance(run, RunSpec) else dict(run)]
+        try:
+            probe = Scenario.from_dict(data)
+        except ScenarioError as err:
+            raise CalibrationError(f"the run to predict is not valid here: {err}") from None
+        spec = probe.runs[0]
+        serves = spec.hybrid and spec.policy != "static_fully_async"
+        v = self.scenario.replica.tokens_per_s
+        if self.hybrid_served and not serves:
+            v /= f
+        elif serves and not self.hybrid_served:
+            v *= f
+        data["replica"] = {**data["replica"], "tokens_per_s": v}
+        if self.hybrid_speed_ratio is not None and rho is not None:  # not measured: follows the standalone rate
+            hybrid = data["hybrid_replica"] or dict(data["replica"])
+            data["hybrid_replica"] = {**hybrid, "tokens_per_s": rho * v}
+        return Scenario.from_dict(data)
 
     def parameter(self, name: str) -> FittedParameter:
         """The parameter called ``name``."""
@@ -234,6 +331,7 @@ def calibrate_run(
     config: str | os.PathLike[str] | Mapping[str, Any] | None = None,
     defaults: Scenario | None = None,
     require_metrics: bool = False,
+    hybrid_speed_ratio: float | None = None,
 ) -> Calibration:
     """:func:`calibrate` the run in ``run_dir`` (``trace.json``, ``metrics.csv`` if there, ``config.yaml`` if there).
 
@@ -242,6 +340,7 @@ def calibrate_run(
         config: The run's saved config (a YAML file or its loaded mapping) when it is not ``RUN_DIR/config.yaml``.
         defaults: A scenario whose numbers stand in for what the run did not measure (default: the classes').
         require_metrics: Refuse a folder without ``metrics.csv``.
+        hybrid_speed_ratio: ``ρ`` assumed when the hybrid replicas never served (:func:`calibrate`).
 
     Raises:
         CalibrationError: No such folder, no ``trace.json`` (or ``metrics.csv`` when required), an unreadable trace
@@ -282,7 +381,15 @@ def calibrate_run(
         except (OSError, yaml.YAMLError) as err:
             raise CalibrationError(f"{config}: cannot read the run's config: {err}") from None
     name = str(trace.metadata.get("run") or path.name)
-    fit = calibrate(trace, rows, doc, name=name, defaults=defaults, config_name=config_name)
+    fit = calibrate(
+        trace,
+        rows,
+        doc,
+        name=name,
+        defaults=defaults,
+        config_name=config_name,
+        hybrid_speed_ratio=hybrid_speed_ratio,
+    )
     if rows is None:
         fit.notes.append(f"no metrics.csv in {path}: lengths come from the trace's counters only")
     return fit
@@ -303,6 +410,9 @@ class _Cycle:
     serving: dict[str, float]
     train_s: float = 0.0
     train_spans: int = 0
+    tokens_sq: float | None = None  # squared response lengths summed (the runtime's TRAINED_TOKENS_SQ)
+    prompt_tokens: float | None = None  # their prompt tokens (TRAINED_PROMPT_TOKENS)
+    untraced_s: float = 0.0  # the trainer's time in the cycle outside its spans (Lightning's loop, bookkeeping)
 
 
 def _totals_at(trace: TraceData) -> tuple[list[float], dict[str, list[float]]]:
@@ -312,7 +422,8 @@ def _totals_at(trace: TraceData) -> tuple[list[float], dict[str, list[float]]]:
     names = {
         n
         for n in names
-        if n in (TRAINED_SAMPLES, TRAINED_TOKENS) or n.startswith((f"{DECODED_TOKENS}.", f"{SERVING_S}."))
+        if n in (TRAINED_SAMPLES, TRAINED_TOKENS, TRAINED_TOKENS_SQ, TRAINED_PROMPT_TOKENS)
+        or n.startswith((f"{DECODED_TOKENS}.", f"{SERVING_S}."))
     }
     values: dict[str, list[float]] = {}
     for n in names:
@@ -349,10 +460,17 @@ def _cycles(trace: TraceData, spans: list[Span]) -> list[_Cycle]:
             {r: delta(f"{DECODED_TOKENS}.{r}") for r in roles},
             {r: delta(f"{SERVING_S}.{r}") for r in roles},
         )
+        if TRAINED_TOKENS_SQ in values:
+            c.tokens_sq = delta(TRAINED_TOKENS_SQ)
+        if TRAINED_PROMPT_TOKENS in values:
+            c.prompt_tokens = delta(TRAINED_PROMPT_TOKENS)
+        covered = 0.0
         for s in spans:
             if s.name == "training" and start - 1e-9 <= s.end_s <= t + 1e-9:
                 c.train_s += s.end_s - s.start_s
                 c.train_spans += 1
+            covered += max(0.0, min(s.end_s, t) - max(s.start_s, start))
+        c.untraced_s = max(0.0, (t - start) - covered)
         out.append(c)
         start = t
     return out
@@ -383,20 +501,28 @@ class _Fit:
         return value
 
 
-def _occupancy(trace: TraceData, kind: str, cap: int, beta: float) -> tuple[float, float] | None:
-    """``(∫ Σ g(m) dt, mean m)`` over the ``active`` spans of ``kind``'s replicas, ``g(m) = m / (1 + β(m − 1))`` (the
-    model's throughput over ``tokens_per_s``) and ``m = min(cap, in_flight / active replicas)``; None without an
-    ``in_flight`` counter."""
+def _occupancy(
+    trace: TraceData, kind: str, cap: int, beta: float, window: tuple[float, float]
+) -> tuple[float, float] | None:
+    """``(mean g(m), mean m)`` over the ``active`` spans of ``kind``'s replicas inside ``window`` (the counted
+    cycles: the running totals count from the trainer's first span to the last cycle's end), ``g(m) = m / (1 +
+    β(m − 1))`` (the model's throughput over ``tokens_per_s``) and ``m = min(cap, in_flight / active replicas)``; the
+    ``in_flight`` counter holds its first value before its first sample (the runtime samples it at cycle ends only).
+    None without an ``in_flight`` counter or active time in the window."""
     series = trace.counter_series(IN_FLIGHT)
     if not series:
         return None
+    lo, hi = window
     active: list[tuple[str, float, float]] = []
     for track, info in trace.tracks.items():
         if track.startswith("replica/") and info.get("kind") in ("standalone", "hybrid"):
-            active += [(str(info["kind"]), s.start_s, s.end_s) for s in trace.spans_of(track) if s.name == "active"]
-    points = sorted({c.t for c in series} | {t for _, a, b in active for t in (a, b)})
+            for s in trace.spans_of(track):
+                a, b = max(s.start_s, lo), min(s.end_s, hi)
+                if s.name == "active" and b > a:
+                    active.append((str(info["kind"]), a, b))
+    points = sorted({lo, hi} | {c.t for c in series if lo < c.t < hi} | {t for _, a, b in active for t in (a, b)})
     total = weighted = occupancy = 0.0
-    j, value = 0, 0.0
+    j, value = 0, series[0].value
     for t0, t1 in itertools.pairwise(points):
         while j < len(series) and series[j].t <= t0 + 1e-12:
             value = series[j].value
@@ -411,9 +537,57 @@ def _occupancy(trace: TraceData, kind: str, cap: int, beta: float) -> tuple[floa
         weighted += mine * g * (t1 - t0)
         occupancy += mine * m * (t1 - t0)
         total += mine * (t1 - t0)
-    if total <= 0:
+    if total <= 0 or weighted <= 0:
         return None
-    return weighted, occupancy / total
+    return weighted / total, occupancy / total
+
+
+#: Standard-normal quadrature nodes ``(z, weight)`` on [-6, 6] for the clipped log-normal's moments.
+_NODES: list[tuple[float, float]] = []
+for _i in range(240):
+    _z = -6.0 + 12.0 * (_i + 0.5) / 240
+    _NODES.append((_z, math.exp(-0.5 * _z * _z)))
+_NODES = [(z, w / sum(w for _, w in _NODES)) for z, w in _NODES]
+
+
+def _clipped_moments(mean: float, sigma: float, lo: float, hi: float) -> tuple[float, float]:
+    """Mean and standard deviation of ``clip(mean·exp(σz − σ²/2), lo, hi)``, ``z`` standard normal (the length
+    model's draw, :class:`~lightning_hybrid_rollout.sim.scenario.LengthModel`)."""
+    m = m2 = 0.0
+    for z, w in _NODES:
+        x = min(hi, max(lo, mean * math.exp(sigma * z - 0.5 * sigma * sigma)))
+        m += w * x
+        m2 += w * x * x
+    return m, math.sqrt(max(0.0, m2 - m * m))
+
+
+def _fit_lognormal(mean: float, sd: float | None, lo: float, hi: float, sigma: float = 0.0) -> tuple[float, float]:
+    """``(unclipped mean, sigma)`` of the length model whose clipped draws have ``mean`` (and ``sd``, when given;
+    else ``sigma`` is kept): bisection on each (the clipped mean rises with the unclipped one, the spread with σ)."""
+    if not lo < mean < hi:
+        return mean, sigma if sd is None else 0.0
+
+    def unclipped(sig: float) -> float:
+        a, b = math.log(lo) - 10.0, math.log(hi) + 10.0
+        for _ in range(50):
+            mid = 0.5 * (a + b)
+            if _clipped_moments(math.exp(mid), sig, lo, hi)[0] < mean:
+                a = mid
+            else:
+                b = mid
+        return math.exp(0.5 * (a + b))
+
+    if sd is None:
+        return unclipped(sigma), sigma
+    a, b = 0.0, 3.0
+    for _ in range(40):
+        mid = 0.5 * (a + b)
+        if _clipped_moments(unclipped(mid), mid, lo, hi)[1] < sd:
+            a = mid
+        else:
+            b = mid
+    sig = 0.5 * (a + b)
+    return unclipped(sig), sig
 
 
 def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -432,6 +606,7 @@ def calibrate(
     name: str = "run",
     defaults: Scenario | None = None,
     config_name: str = "config",
+    hybrid_speed_ratio: float | None = None,
 ) -> Calibration:
     """Fit a scenario to one run (pure: the loaded trace, metrics rows and config document; see the module doc).
 
@@ -443,6 +618,8 @@ def calibrate(
         name: The fitted run's name.
         defaults: A scenario whose numbers stand in for what the run did not measure (default: the classes').
         config_name: How the report names the config (its file).
+        hybrid_speed_ratio: When the hybrid replicas never served (a static run): their ``tokens_per_s`` over the
+            standalone replicas' (default :data:`HYBRID_SPEED_RATIO`); ignored when the run measured it.
 
     Raises:
         CalibrationError: The trace has no trainer span, no cycle totals (``trained_samples``, ...) or no replica
@@ -450,6 +627,9 @@ def calibrate(
     """
     fit = _Fit()
     base = defaults or Scenario(name="defaults")
+    hybrid_speed_ratio = HYBRID_SPEED_RATIO if hybrid_speed_ratio is None else float(hybrid_speed_ratio)
+    if not hybrid_speed_ratio > 0:
+        raise CalibrationError(f"hybrid_speed_ratio must be > 0, got {hybrid_speed_ratio}")
     spans = trace.spans_of(TRAINER_TRACK)
     if not any(s.name == "training" for s in spans):
         raise CalibrationError(f"the trace has no {TRAINER_TRACK} training span: nothing to fit the trainer to")
@@ -459,6 +639,9 @@ def calibrate(
             f"the trace has no {TRAINED_SAMPLES} counter: it predates the runtime's per-cycle totals "
             "(lightning_hybrid_rollout.trace), so the rates cannot be fitted"
         )
+    # the running totals count from the trainer's first span (training began) to the last cycle's end
+    window = (min(s.start_s for s in spans), cycles[-1].end)
+    hybrid_assumed: float | None = None
     sections: dict[str, Mapping[str, Any]] = {}
     if config is not None:
         _sections(config, sections)
@@ -529,9 +712,10 @@ def calibrate(
                 f"trace: {DECODED_TOKENS}.{kind} / {SERVING_S}.{kind} / {len(infos)} replica(s), per cycle",
                 per_cycle,
             )
-            occupied = _occupancy(trace, kind, cap, beta)
-            if occupied is not None and occupied[0] > 0:
-                weighted_s, mean_m = occupied
+            occupied = _occupancy(trace, kind, cap, beta, window)
+            if occupied is not None:
+                mean_g, mean_m = occupied
+                weighted_s = serving * len(infos) * mean_g  # the replicas' serving seconds x g at their load
                 fit.add(
                     f"info.{kind}_mean_concurrency",
                     mean_m,
@@ -541,8 +725,8 @@ def calibrate(
                 v = fit.add(
                     f"{section}.tokens_per_s",
                     tokens / weighted_s,
-                    f"trace: {DECODED_TOKENS}.{kind} / the active replicas' seconds x m/(1+b(m-1)), m from {IN_FLIGHT} "
-                    f"(batch_slowdown {beta:g})",
+                    f"trace: {DECODED_TOKENS}.{kind} / ({SERVING_S}.{kind} x replicas x the mean m/(1+b(m-1)) over "
+                    f"their active spans), m from {IN_FLIGHT} (batch_slowdown {beta:g})",
                     [p * tokens / weighted_s / x for p in per_cycle],
                 )
             else:
@@ -555,6 +739,15 @@ def calibrate(
                     f"no {IN_FLIGHT} counter: replicas assumed full)",
                     [p / scale for p in per_cycle],
                 )
+        elif kind == "hybrid" and "standalone" in models:
+            v = hybrid_speed_ratio * models["standalone"].tokens_per_s
+            hybrid_assumed = hybrid_speed_ratio
+            fit.default(
+                f"{section}.tokens_per_s",
+                v,
+                f"the hybrid replicas never served: hybrid_speed_ratio {hybrid_speed_ratio:g} x replica.tokens_per_s, "
+                "assumed (calibrate(hybrid_speed_ratio=...) overrides)",
+            )
         else:
             v = fit.default(f"{section}.tokens_per_s", template.tokens_per_s, f"the {kind} replicas never served")
         fit.default(f"{section}.kv_cache_tokens", template.kv_cache_tokens)
@@ -656,7 +849,19 @@ def calibrate(
 
     # ---------------------------------------------------------------------------------------------- lengths
     lengths = dataclasses.replace(base.lengths)
-    prompt = fit.default("lengths.prompt_tokens", lengths.prompt_tokens, "the trace counts response tokens only")
+    with_prompts = [c for c in cycles if c.prompt_tokens is not None and c.samples > 0]
+    if with_prompts:
+        prompt = fit.add(
+            "lengths.prompt_tokens",
+            max(0, round(sum(c.prompt_tokens or 0.0 for c in with_prompts) / sum(c.samples for c in with_prompts))),
+            f"trace: {TRAINED_PROMPT_TOKENS} / {TRAINED_SAMPLES}",
+            [(c.prompt_tokens or 0.0) / c.samples for c in with_prompts],
+        )
+    else:
+        prompt = fit.default(
+            "lengths.prompt_tokens", lengths.prompt_tokens, f"the trace has no {TRAINED_PROMPT_TOKENS} counter"
+        )
+    lengths.prompt_tokens = prompt
     means = [(i, c.tokens / c.samples) for i, c in enumerate(cycles) if c.samples > 0]
     points: list[tuple[float, float]] = []
     source = ""
@@ -676,22 +881,6 @@ def calibrate(
     elif means:
         points = [(float(i), m) for i, m in means]
         source = f"trace: {TRAINED_TOKENS} / {TRAINED_SAMPLES} per cycle"
-    if points:
-        xs, ys = [p[0] for p in points], [p[1] for p in points]
-        a, b = _line(xs, ys) if len(set(xs)) >= 2 else (statistics.fmean(ys), 0.0)
-        a = max(a, 1.0)
-        fit.add("lengths.mean_tokens", a, source + " (intercept at version 0)", ys)
-        if len(set(xs)) >= 2:
-            residuals = [y - (a + b * x) for x, y in points]
-            fit.add("lengths.drift_per_step", b / a, source + " (slope / intercept)", [r / a for r in residuals])
-            drift = b / a
-        else:
-            drift = fit.default("lengths.drift_per_step", lengths.drift_per_step, "one version only")
-        lengths.mean_tokens, lengths.drift_per_step = a, max(drift, -1.0)
-    else:
-        fit.default("lengths.mean_tokens", lengths.mean_tokens, "no trained samples counted")
-        fit.default("lengths.drift_per_step", lengths.drift_per_step)
-    fit.default("lengths.sigma", lengths.sigma, "the trace has per-cycle means only, no spread of lengths")
     if "response_length" in rollout:
         lengths.max_tokens = fit.add(
             "lengths.max_tokens",
@@ -701,7 +890,55 @@ def calibrate(
         )
     else:
         fit.default("lengths.max_tokens", lengths.max_tokens)
-    lengths.min_tokens = min(lengths.min_tokens, lengths.max_tokens)
+    # a fitted model clips only where the run did: at one token and at the response limit
+    lengths.min_tokens = fit.default("lengths.min_tokens", 1, "a response has at least one token")
+    # the lengths' spread: the within-cycle variance from the squared lengths, pooled over the cycles
+    with_sq = [c for c in cycles if c.tokens_sq is not None and c.samples > 1 and c.tokens > 0]
+    spread_cv: float | None = None
+    if with_sq:
+        variance = sum(max(0.0, (c.tokens_sq or 0.0) - c.tokens**2 / c.samples) for c in with_sq)
+        spread_cv = math.sqrt(variance / sum(c.samples for c in with_sq)) / (
+            sum(c.tokens for c in with_sq) / sum(c.samples for c in with_sq)
+        )
+        per_cycle_cv = [
+            math.sqrt(max(0.0, (c.tokens_sq or 0.0) / c.samples - (c.tokens / c.samples) ** 2)) / (c.tokens / c.samples)
+            for c in with_sq
+        ]
+    if points:
+        xs, ys = [p[0] for p in points], [p[1] for p in points]
+        a, b = _line(xs, ys) if len(set(xs)) >= 2 else (statistics.fmean(ys), 0.0)
+        a = max(a, 1.0)
+        if len(set(xs)) >= 2:
+            residuals = [y - (a + b * x) for x, y in points]
+            drift = fit.add(
+                "lengths.drift_per_step", b / a, source + " (slope / intercept)", [r / a for r in residuals]
+            )
+        else:
+            drift = fit.default("lengths.drift_per_step", lengths.drift_per_step, "one version only")
+        # the model's mean is before its clip: choose it (and sigma, when measured) so that the clipped log-normal
+        # has the measured mean (and coefficient of variation)
+        lo, hi = float(lengths.min_tokens), float(lengths.max_tokens)
+        if spread_cv is not None:
+            unclipped, sigma = _fit_lognormal(a, spread_cv * a, lo, hi)
+            lengths.sigma = fit.add(
+                "lengths.sigma",
+                sigma,
+                f"trace: {TRAINED_TOKENS_SQ}: the lengths' coefficient of variation within a cycle "
+                f"({spread_cv:.3g}, pooled), as a log-normal clipped at [{lo:g}, {hi:g}]",
+                per_cycle_cv,
+            )
+        else:
+            unclipped = _fit_lognormal(a, None, lo, hi, sigma=lengths.sigma)[0]
+            fit.default("lengths.sigma", lengths.sigma, f"the trace has no {TRAINED_TOKENS_SQ} counter: no spread")
+        clip_note = "" if math.isclose(unclipped, a, rel_tol=1e-3) else f"; {unclipped:.4g} before the clip"
+        lengths.mean_tokens = fit.add(
+            "lengths.mean_tokens", unclipped, source + f" (intercept at version 0: {a:.4g}{clip_note})", ys
+        )
+        lengths.drift_per_step = max(drift, -1.0)
+    else:
+        fit.default("lengths.mean_tokens", lengths.mean_tokens, "no trained samples counted")
+        fit.default("lengths.drift_per_step", lengths.drift_per_step)
+        fit.default("lengths.sigma", lengths.sigma, "no trained samples counted")
     lengths.mean_schedule = []
 
     # ---------------------------------------------------------------------------------------------- trainer
@@ -729,7 +966,18 @@ def calibrate(
         )
     else:
         dspt = fit.default("trainer.device_s_per_token", base.trainer.device_s_per_token, "no training counted")
-    overhead = fit.default("trainer.step_overhead_s", base.trainer.step_overhead_s)
+    steps_trained = sum(c.train_spans for c in cycles)
+    if steps_trained:
+        # the trainer's time outside its traced phases (Lightning's loop, logging, the cycle's bookkeeping): the
+        # simulator has no such phase, so it is charged per micro fit-step, where it happens
+        overhead = fit.add(
+            "trainer.step_overhead_s",
+            sum(c.untraced_s for c in cycles) / steps_trained,
+            f"trace: the {TRAINER_TRACK} track's time outside its spans / training spans",
+            [c.untraced_s / c.train_spans for c in cycles if c.train_spans > 0],
+        )
+    else:
+        overhead = fit.default("trainer.step_overhead_s", base.trainer.step_overhead_s)
     trainer = TrainerModel(device_s_per_token=dspt, step_overhead_s=overhead)
 
     # ----------------------------------------------------------------------------------------- switch costs
@@ -776,7 +1024,8 @@ def calibrate(
     missing = sorted({p.name for p in fit.params if not p.measured})
     if missing:
         fit.notes.append(f"not measured by this run (defaults kept): {', '.join(missing)}")
-    return Calibration(scenario, fit.params, fit.notes)
+    hybrid_served = sum(c.decoded["hybrid"] for c in cycles) > 0
+    return Calibration(scenario, fit.params, fit.notes, hybrid_served, hybrid_assumed if hybrid_model else None)
 
 
 def _fit_switch(
@@ -840,10 +1089,20 @@ def _fit_switch(
                 seen["standalone_commit_s"] += commits
                 where["standalone_commit_s"] = "trace: the standalone replicas' syncing spans (staged sync's commit)"
     values = {}
+    # what the run never did costs the default scaled by the one sync it did measure (the standalone weight sync):
+    # the defaults' proportions, at this run's speed
+    sync = seen["standalone_sync_s"]
+    scale = statistics.fmean(sync) / base.standalone_sync_s if sync and base.standalone_sync_s > 0 else None
     for f in dataclasses.fields(SwitchCosts):
         obs = seen[f.name]
         if obs:
             values[f.name] = fit.add(f"switch.{f.name}", statistics.fmean(obs), where[f.name] + ", mean", obs)
+        elif scale is not None and f.name != "resume_prefill_ratio":
+            values[f.name] = fit.default(
+                f"switch.{f.name}",
+                getattr(base, f.name) * scale,
+                f"{getattr(base, f.name):g} s x {scale:.4g}: the default scaled as the measured standalone_sync_s is",
+            )
         else:
             values[f.name] = fit.default(f"switch.{f.name}", getattr(base, f.name))
     values["standalone_commit_s"] = (

@@ -2,7 +2,10 @@
 
 The round trip: a known scenario is simulated with its trace, the trace is fitted, and every number the trace
 measures comes back within 5% (the config's settings exactly). The recorded CPU-miniature run in ``tests/data`` fits
-to sane values, and its saved config reads back exactly.
+to sane values, and its saved config reads back exactly. The recorded pair of real runs (issue #15's
+``planner_fidelity``) fits the runtime's newer counters (prompt tokens, the lengths' spread, the concurrency, the
+trainer's untraced time), each fit simulates its own run within 3%, and ``Calibration.scenario_for`` converts the
+rates across the swap static <-> dynamic as documented.
 """
 
 from __future__ import annotations
@@ -15,10 +18,18 @@ from typing import Any
 import pytest
 import yaml
 
+from lightning_hybrid_rollout.run_bound import read_run
 from lightning_hybrid_rollout.sim import simulate
-from lightning_hybrid_rollout.sim.calibrate import CalibrationError, calibrate_run
+from lightning_hybrid_rollout.sim.calibrate import (
+    HYBRID_SPEED_RATIO,
+    STANDALONE_SPEED_WITH_HYBRID,
+    CalibrationError,
+    _clipped_moments,
+    _fit_lognormal,
+    calibrate_run,
+)
 from lightning_hybrid_rollout.sim.cli import simulate_main
-from lightning_hybrid_rollout.sim.scenario import Scenario
+from lightning_hybrid_rollout.sim.scenario import Scenario, SwitchCosts
 
 REAL_RUN = Path(__file__).resolve().parents[1] / "data" / "cpu_miniature_default_8_steps"
 
@@ -198,3 +209,86 @@ def test_cli_prints_the_fit_writes_the_yaml_and_simulates(tmp_path, capsys):
     with pytest.raises(SystemExit):
         simulate_main(["--from-run", str(tmp_path)])
     assert "no trace.json" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------- a recorded pair of real runs (issue #15)
+
+#: ``benchmarks/planner_fidelity.py``'s static and rate_matched runs (64 steps, the runtime's new counters).
+PAIR = Path(__file__).resolve().parents[1] / "data" / "planner_fidelity_pair"
+STATIC_RUN = {
+    "name": "static",
+    "train_devices": 1,
+    "rollout_devices": 1,
+    "hybrid": True,
+    "async_training": {"dynamic_schedule_policy": "static_fully_async"},
+}
+DYNAMIC_RUN = {**STATIC_RUN, "name": "dynamic", "async_training": {"dynamic_schedule_policy": "rate_matched"}}
+
+
+def test_the_runtimes_counters_give_the_prompt_the_spread_the_overhead_and_the_concurrency():
+    fit = calibrate_run(PAIR / "static_fully_async_r1")
+    for name in ("lengths.prompt_tokens", "lengths.sigma", "trainer.step_overhead_s", "concurrent_samples_per_replica"):
+        assert fit.parameter(name).measured, name
+    sc = fit.scenario
+    assert fit.parameter("concurrent_samples_per_replica").source.startswith("trace: the replica tracks")
+    assert 10 <= sc.lengths.prompt_tokens <= 32  # the copy task's prompts, rollout.prompt_length 32 at most
+    assert 0 < sc.lengths.sigma < 0.3  # copies of 16-character strings: nearly one length
+    assert sc.lengths.min_tokens == 1 and sc.lengths.max_tokens == 24
+    assert 0 < sc.trainer.step_overhead_s < 0.1  # Lightning's loop between the traced phases
+
+
+@pytest.mark.parametrize("run", ["static_fully_async_r1", "rate_matched_r1"])
+def test_a_real_runs_fit_simulates_that_run_within_3_percent(run):
+    fit = calibrate_run(PAIR / run)
+    wall = read_run(PAIR / run).wall_s  # the trainer's traced wall (the simulator's time_s is the same reading)
+    assert simulate(fit.scenario).runs[0].time_s == pytest.approx(wall, rel=0.03)
+
+
+def test_scenario_for_converts_the_standalone_rate_and_assumes_the_hybrid_one():
+    static = calibrate_run(PAIR / "static_fully_async_r1")
+    v = static.scenario.replica.tokens_per_s
+    assert not static.hybrid_served and static.hybrid_speed_ratio == HYBRID_SPEED_RATIO
+    assumed = static.parameter("hybrid_replica.tokens_per_s")
+    assert not assumed.measured and "hybrid_speed_ratio" in assumed.source
+    assert static.scenario.hybrid_model.tokens_per_s == pytest.approx(HYBRID_SPEED_RATIO * v)
+    # static fit -> a run whose hybrid replica serves: the standalone rate x f (1.0 by default), the hybrid one
+    # follows it
+    sc = static.scenario_for(DYNAMIC_RUN)
+    assert [r.name for r in sc.runs] == ["dynamic"] and sc.runs[0].policy == "rate_matched"
+    assert sc.replica.tokens_per_s == pytest.approx(STANDALONE_SPEED_WITH_HYBRID * v)
+    assert sc.hybrid_model.tokens_per_s == pytest.approx(HYBRID_SPEED_RATIO * STANDALONE_SPEED_WITH_HYBRID * v)
+    slower = static.scenario_for(DYNAMIC_RUN, standalone_speed_with_hybrid=0.8, hybrid_speed_ratio=0.5)
+    assert (slower.replica.tokens_per_s, slower.hybrid_model.tokens_per_s) == pytest.approx((0.8 * v, 0.4 * v))
+    same = static.scenario_for(STATIC_RUN, standalone_speed_with_hybrid=0.8)  # no hybrid serving: as fitted
+    assert same.replica.tokens_per_s == pytest.approx(v)
+    with pytest.raises(CalibrationError, match="must be > 0"):
+        static.scenario_for(DYNAMIC_RUN, standalone_speed_with_hybrid=0.0)
+    # dynamic fit -> the static run: the standalone rate / f, the measured hybrid rate kept
+    dynamic = calibrate_run(PAIR / "rate_matched_r1")
+    assert dynamic.hybrid_served and dynamic.hybrid_speed_ratio is None
+    assert dynamic.parameter("hybrid_replica.tokens_per_s").measured
+    back = dynamic.scenario_for(STATIC_RUN, standalone_speed_with_hybrid=0.8)
+    assert back.replica.tokens_per_s == pytest.approx(dynamic.scenario.replica.tokens_per_s / 0.8)
+    assert back.hybrid_model.tokens_per_s == dynamic.scenario.hybrid_model.tokens_per_s
+    assert dynamic.scenario_for(DYNAMIC_RUN, standalone_speed_with_hybrid=0.8).replica.tokens_per_s == pytest.approx(
+        dynamic.scenario.replica.tokens_per_s
+    )
+
+
+def test_switch_costs_a_run_never_paid_are_the_defaults_scaled_by_its_standalone_sync():
+    fit = calibrate_run(PAIR / "static_fully_async_r1")
+    s, base = fit.scenario.switch, SwitchCosts()
+    assert fit.parameter("switch.standalone_sync_s").measured
+    scale = s.standalone_sync_s / base.standalone_sync_s
+    for name in ("hybrid_sync_s", "wake_s", "sleep_s", "add_s", "abort_s"):
+        assert getattr(s, name) == pytest.approx(getattr(base, name) * scale), name
+        assert not fit.parameter(f"switch.{name}").measured and "scaled" in fit.parameter(f"switch.{name}").source
+    assert s.resume_prefill_ratio == base.resume_prefill_ratio
+
+
+def test_the_length_model_is_fitted_through_its_clip():
+    mean, sigma = _fit_lognormal(16.0, 1.5, 1.0, 24.0)
+    assert _clipped_moments(mean, sigma, 1.0, 24.0) == pytest.approx((16.0, 1.5), rel=1e-3)
+    unclipped, kept = _fit_lognormal(16.0, None, 1.0, 24.0, sigma=0.6)  # no spread measured: sigma kept
+    assert kept == 0.6 and unclipped > 16.0  # the clip at 24 cuts the long tail: a larger mean before it
+    assert _clipped_moments(unclipped, 0.6, 1.0, 24.0)[0] == pytest.approx(16.0, rel=1e-3)
