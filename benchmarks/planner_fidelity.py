@@ -191,6 +191,21 @@ class Comparison:
         return out
 
 
+def _drift_line(from_static: Calibration, from_dynamic: Calibration) -> str:
+    """How fast the machine ran in the dynamic run against the static one, on the work both runs did alike (training
+    seconds per token; the standalone replica's decode rate): a diagnostic of the real side, read by no prediction."""
+
+    def ratio(name: str) -> float:
+        return from_dynamic.parameter(name).value / from_static.parameter(name).value
+
+    train = 1.0 / ratio("trainer.device_s_per_token")
+    rate = ratio("info.standalone_tokens_per_s_per_replica")
+    return (
+        f"machine speed, dynamic run / static run (measured in both; no prediction reads it): training "
+        f"{train:.2f}x, standalone decode {rate:.2f}x"
+    )
+
+
 def compare(
     static_dir: str | Path,
     dynamic_dir: str | Path,
@@ -221,6 +236,7 @@ def compare(
         f"assumed across the swap: hybrid_speed_ratio {hybrid_speed_ratio:g} (a static run never sees the hybrid "
         f"replica serve; the dynamic run measured {rho:.2f}), standalone_speed_with_hybrid "
         f"{standalone_speed_with_hybrid:g}",
+        _drift_line(from_static, from_dynamic),
     ]
     return Comparison(
         predictions=[
