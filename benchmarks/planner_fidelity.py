@@ -174,13 +174,13 @@ class Comparison:
     def lines(self) -> list[str]:
         """The table, the notes, the speedup line and (last) ``worst relative error: X``."""
         out = [
-            f"{'run':<20} {'calibrated from':<20} {'real wall (s)':>13} {'predicted (s)':>13} {'rel. error':>10}",
+            f"{'run':<20} {'calibrated from':<28} {'real wall (s)':>13} {'predicted (s)':>13} {'rel. error':>10}",
         ]
         for p in self.predictions:
             signed = p.predicted_s / p.real_s - 1.0
             extra = "" if p.counted else "  (its own fit: information, not counted)"
             out.append(
-                f"{p.run:<20} {p.calibrated_from:<20} {p.real_s:>13.1f} {p.predicted_s:>13.1f} {signed:>+10.1%}{extra}"
+                f"{p.run:<20} {p.calibrated_from:<28} {p.real_s:>13.1f} {p.predicted_s:>13.1f} {signed:>+10.1%}{extra}"
             )
         out += self.notes
         out.append(
