@@ -1,8 +1,10 @@
 """Issue #15's acceptance: calibrated from one real CPU-miniature run, the planner predicts the other.
 
-Two real runs of ``benchmarks/cpu_miniature.py`` (its own ``main``, so its subprocess worker, its settings and its
-per-run report: ``--policies static_fully_async,rate_matched --repeats 1``), or two run folders it kept
-(``--reuse STATIC_DIR DYNAMIC_DIR``), then the simulator (``lightning_hybrid_rollout.sim``) three times:
+Real runs of ``benchmarks/cpu_miniature.py`` (its own ``main``, so its subprocess worker, its settings and its
+per-run report: ``--policies static_fully_async,rate_matched --repeats R``, ``--repeats`` default 3), or run folders
+it kept (``--reuse OUT``: every ``static_fully_async_r{i}`` / ``rate_matched_r{i}`` pair under ``OUT``; or
+``--reuse STATIC_DIR DYNAMIC_DIR``: one pair), then, for each pair, the simulator
+(``lightning_hybrid_rollout.sim``) three times:
 
 1. calibrated from the static run (``sim.calibrate.calibrate_run``), it simulates that run itself and the dynamic
    run: the static scenario with its run swapped for the dynamic one (``Calibration.scenario_for``: hybrid, the
@@ -10,6 +12,17 @@ per-run report: ``--policies static_fully_async,rate_matched --repeats 1``), or 
    the dynamic run is read). Predicted speedup = simulated static wall / simulated dynamic wall;
 2. calibrated from the dynamic run, it simulates the static run (the static run's options from its saved config);
 3. for information only (not in the worst error), the dynamic run from its own calibration.
+
+Rounds: ``cpu_miniature`` runs ``R`` rounds of (static, dynamic), the order alternating between rounds, so round
+``i``'s two runs (``static_fully_async_r{i}``, ``rate_matched_r{i}``) ran one right after the other. Each round is
+compared on its own (its runs only: calibrated from one, predicting the other). On the shared 2-core machine the
+speed drifts by 15-30% between runs minutes apart (one real pair: the dynamic run 1.29x faster on training and 1.30x
+on decode than the static one, worst error 0.256, against 0.013 on a pair where the speed held), and a prediction
+across two runs carries that drift; the reported figures are therefore medians over the rounds, as the other
+acceptance figures (``cpu_miniature``'s 3-repeat medians): per prediction (row), the median over the rounds of its
+``|predicted / real - 1|``; the speedup error, the median over the rounds of ``|predicted - real speedup|``
+(``statistics.median``: with an even number of rounds, the mean of the middle two). Each round also prints how fast
+the machine ran in its dynamic run against its static one (a diagnostic, read by no prediction).
 
 Rates across the swap (``sim/calibrate.py``): a static run never sees its hybrid replica serve, so the hybrid rate
 is assumed ``hybrid_speed_ratio`` (default 0.73, ``--hybrid-speed-ratio``) × the standalone rate; the standalone
@@ -22,16 +35,21 @@ the predicted one is the same reading of the simulated run's trace (the simulato
 time 0, the start decision, its last the final weight sync: its ``time_s``). Both by
 ``lightning_hybrid_rollout.run_bound.trainer_breakdown``.
 
-It prints the real runs (cpu_miniature's report, unless ``--reuse``), a table (run, calibrated from, real,
-predicted, relative error), the speedup (real, predicted, absolute error) on the line before the last, and last
-``worst relative error: X``: the largest of the three wall-time predictions' ``|predicted / real - 1|``.
+It prints the real runs (cpu_miniature's report, unless ``--reuse``), then per round a table (run, calibrated from,
+real, predicted, signed relative error), the machine-speed line and the round's speedup; then the medians over the
+rounds (a table of the per-round errors and their median per row), the per-round speedups, on the line before the
+last the speedup (median real, median predicted, and ``speedup error: X``, the median over rounds of the absolute
+error) and last ``worst relative error: X``: the largest of the three counted wall-time predictions' medians over
+rounds of ``|predicted / real - 1|``. With ``--reuse STATIC_DIR DYNAMIC_DIR`` (one pair) it prints that pair's table,
+its speedup line and its worst error (no medians), as before rounds existed.
 
 Usage::
 
-    .venv/bin/python benchmarks/planner_fidelity.py                   # two real runs (~4-5 min on 2 cores)
-    .venv/bin/python benchmarks/planner_fidelity.py --out /tmp/pf_runs --steps 64
+    .venv/bin/python benchmarks/planner_fidelity.py                   # 3 rounds = 6 real runs (~12-15 min, 2 cores)
+    .venv/bin/python benchmarks/planner_fidelity.py --out /tmp/pf_runs --steps 64 --repeats 3
+    .venv/bin/python benchmarks/planner_fidelity.py --reuse /tmp/pf_runs   # offline: every *_r{i} pair (~2 s a pair)
     .venv/bin/python benchmarks/planner_fidelity.py --reuse /tmp/pf_runs/static_fully_async_r1 \\
-        /tmp/pf_runs/rate_matched_r1                                 # offline: the comparison only (~2 s)
+        /tmp/pf_runs/rate_matched_r1                                 # offline: one pair
 
 Other arguments go to ``cpu_miniature.py`` as they are (e.g. ``--set async_training.overlap_sync=true``).
 """
@@ -40,9 +58,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
+import statistics
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -154,12 +174,18 @@ class Prediction:
 
 @dataclass
 class Comparison:
-    """The predictions side by side with the real runs."""
+    """One pair's predictions side by side with its real runs."""
 
     predictions: list[Prediction]
     real_speedup: float
     predicted_speedup: float
-    notes: list[str] = field(default_factory=list)
+    #: How fast the machine ran in the dynamic run against the static one: training (inverse s/token), decode rate.
+    machine_training: float = 1.0
+    machine_decode: float = 1.0
+    #: The dynamic run's measured hybrid / standalone decode rate (the static side assumes ``hybrid_speed_ratio``).
+    measured_hybrid_ratio: float = float("nan")
+    hybrid_speed_ratio: float = HYBRID_SPEED_RATIO
+    standalone_speed_with_hybrid: float = STANDALONE_SPEED_WITH_HYBRID
 
     @property
     def speedup_error(self) -> float:
@@ -171,39 +197,157 @@ class Comparison:
         """The largest relative error of the counted wall-time predictions."""
         return max(p.relative_error for p in self.predictions if p.counted)
 
-    def lines(self) -> list[str]:
-        """The table, the notes, the speedup line and (last) ``worst relative error: X``."""
+    def table(self, indent: str = "") -> list[str]:
+        """The header and one row per prediction (signed relative error)."""
         out = [
-            f"{'run':<20} {'calibrated from':<28} {'real wall (s)':>13} {'predicted (s)':>13} {'rel. error':>10}",
+            f"{indent}{'run':<20} {'calibrated from':<28} {'real wall (s)':>13} {'predicted (s)':>13} "
+            f"{'rel. error':>10}",
         ]
         for p in self.predictions:
             signed = p.predicted_s / p.real_s - 1.0
             extra = "" if p.counted else "  (its own fit: information, not counted)"
             out.append(
-                f"{p.run:<20} {p.calibrated_from:<28} {p.real_s:>13.1f} {p.predicted_s:>13.1f} {signed:>+10.1%}{extra}"
+                f"{indent}{p.run:<20} {p.calibrated_from:<28} {p.real_s:>13.1f} {p.predicted_s:>13.1f} "
+                f"{signed:>+10.1%}{extra}"
             )
-        out += self.notes
-        out.append(
+        return out
+
+    def drift_line(self) -> str:
+        """How fast the machine ran in the dynamic run against the static one (a diagnostic of the real side)."""
+        return (
+            f"machine speed, dynamic run / static run (measured in both; no prediction reads it): training "
+            f"{self.machine_training:.2f}x, standalone decode {self.machine_decode:.2f}x"
+        )
+
+    def assumed_line(self, measured: str | None = None) -> str:
+        """The rates assumed across the swap (and what the dynamic run(s) measured)."""
+        measured = measured or f"the dynamic run measured {self.measured_hybrid_ratio:.2f}"
+        return (
+            f"assumed across the swap: hybrid_speed_ratio {self.hybrid_speed_ratio:g} (a static run never sees the "
+            f"hybrid replica serve; {measured}), standalone_speed_with_hybrid {self.standalone_speed_with_hybrid:g}"
+        )
+
+    def lines(self) -> list[str]:
+        """The table, the notes, the speedup line and (last) ``worst relative error: X``."""
+        return [
+            *self.table(),
+            WALL_NOTE,
+            self.assumed_line(),
+            self.drift_line(),
             f"speedup ({STATIC} / {DYNAMIC}): real {self.real_speedup:.3f}, predicted {self.predicted_speedup:.3f} "
-            f"(static calibration), speedup error: {self.speedup_error:.3f}"
+            f"(static calibration), speedup error: {self.speedup_error:.3f}",
+            f"worst relative error: {self.worst_relative_error:.3f}",
+        ]
+
+
+WALL_NOTE = (
+    "wall = the trainer's traced wall (first trainer/trainer span to last) of the real and of the simulated trace"
+)
+
+
+@dataclass
+class Rounds:
+    """Several rounds' comparisons (round ``i``: ``static_fully_async_r{i}`` and ``rate_matched_r{i}``, run one
+    after the other) and the medians over the rounds: per prediction, of its ``|predicted / real - 1|``; of the
+    speedup's ``|predicted - real|``."""
+
+    rounds: list[tuple[str, Comparison]]
+
+    def __post_init__(self) -> None:
+        if not self.rounds:
+            raise ValueError("no rounds to compare")
+        keys = {tuple((p.run, p.calibrated_from) for p in c.predictions) for _, c in self.rounds}
+        if len(keys) != 1:
+            raise ValueError("the rounds do not make the same predictions")
+
+    @property
+    def predictions(self) -> list[Prediction]:
+        """The predictions made in every round (their values: the first round's)."""
+        return self.rounds[0][1].predictions
+
+    @property
+    def median_errors(self) -> list[float]:
+        """Per prediction (in :attr:`predictions`' order): the median over the rounds of ``|predicted / real - 1|``."""
+        return [
+            statistics.median(c.predictions[i].relative_error for _, c in self.rounds)
+            for i in range(len(self.predictions))
+        ]
+
+    @property
+    def worst_relative_error(self) -> float:
+        """The largest of the counted predictions' median errors (each a median over the rounds)."""
+        return max(e for e, p in zip(self.median_errors, self.predictions) if p.counted)
+
+    @property
+    def speedup_error(self) -> float:
+        """The median over the rounds of ``|predicted speedup - real speedup|``."""
+        return statistics.median(c.speedup_error for _, c in self.rounds)
+
+    @property
+    def real_speedup(self) -> float:
+        """The median over the rounds of the real speedup (information: the error is :attr:`speedup_error`)."""
+        return statistics.median(c.real_speedup for _, c in self.rounds)
+
+    @property
+    def predicted_speedup(self) -> float:
+        """The median over the rounds of the predicted speedup (information)."""
+        return statistics.median(c.predicted_speedup for _, c in self.rounds)
+
+    def lines(self) -> list[str]:
+        """Each round's table, machine speed and speedup; then the medians over the rounds: a table (per-round
+        signed errors, the median of the absolute ones), the per-round speedups, the speedup line (the median
+        speedup error last on it) and last ``worst relative error: X`` (the largest counted median)."""
+        n = len(self.rounds)
+        out: list[str] = []
+        for label, c in self.rounds:
+            out.append(f"round {label}: {STATIC}_{label} and {DYNAMIC}_{label} (run one after the other)")
+            out += c.table(indent="  ")
+            out.append("  " + c.drift_line())
+            out.append(
+                f"  speedup: real {c.real_speedup:.3f}, predicted {c.predicted_speedup:.3f}, error "
+                f"{c.speedup_error:.3f}; this round's worst wall error {c.worst_relative_error:.3f}"
+            )
+        labels = ", ".join(label for label, _ in self.rounds)
+        out.append(
+            f"medians over the {n} round(s) ({labels}): per row, the median over the rounds of |predicted / real - 1|, "
+            "each round's prediction against that round's real run; the machine's speed drifts between runs "
+            "minutes apart, a median keeps one drifted round from deciding the figure"
+        )
+        per_round = "per round (signed)"
+        width = max(len(per_round), 8 * n)
+        out.append(f"{'run':<20} {'calibrated from':<28} {per_round:<{width}} {'median |error|':>14}")
+        for i, (p, med) in enumerate(zip(self.predictions, self.median_errors)):
+            signed = ", ".join(
+                f"{c.predictions[i].predicted_s / c.predictions[i].real_s - 1.0:+.1%}" for _, c in self.rounds
+            )
+            extra = "" if p.counted else "  (its own fit: information, not counted)"
+            out.append(f"{p.run:<20} {p.calibrated_from:<28} {signed:<{width}} {med:>14.1%}{extra}")
+        out.append(
+            "machine speed, dynamic run / static run per round (training, standalone decode; no prediction reads it): "
+            + ", ".join(f"{label} {c.machine_training:.2f}x / {c.machine_decode:.2f}x" for label, c in self.rounds)
+        )
+        out.append(WALL_NOTE)
+        first = self.rounds[0][1]
+        out.append(
+            first.assumed_line(
+                "the dynamic runs measured " + ", ".join(f"{c.measured_hybrid_ratio:.2f}" for _, c in self.rounds)
+            )
+        )
+        out.append(
+            "speedup per round, real / predicted (|error|): "
+            + ", ".join(
+                f"{label} {c.real_speedup:.3f} / {c.predicted_speedup:.3f} ({c.speedup_error:.3f})"
+                for label, c in self.rounds
+            )
+            + "; the speedup error below is the median of these errors, the worst relative error (last line) the "
+            "largest counted median |error| above"
+        )
+        out.append(
+            f"speedup ({STATIC} / {DYNAMIC}), medians over {n} round(s): real {self.real_speedup:.3f}, predicted "
+            f"{self.predicted_speedup:.3f} (static calibration), speedup error: {self.speedup_error:.3f}"
         )
         out.append(f"worst relative error: {self.worst_relative_error:.3f}")
         return out
-
-
-def _drift_line(from_static: Calibration, from_dynamic: Calibration) -> str:
-    """How fast the machine ran in the dynamic run against the static one, on the work both runs did alike (training
-    seconds per token; the standalone replica's decode rate): a diagnostic of the real side, read by no prediction."""
-
-    def ratio(name: str) -> float:
-        return from_dynamic.parameter(name).value / from_static.parameter(name).value
-
-    train = 1.0 / ratio("trainer.device_s_per_token")
-    rate = ratio("info.standalone_tokens_per_s_per_replica")
-    return (
-        f"machine speed, dynamic run / static run (measured in both; no prediction reads it): training "
-        f"{train:.2f}x, standalone decode {rate:.2f}x"
-    )
 
 
 def compare(
@@ -230,14 +374,10 @@ def compare(
     static_pred = simulated_wall(from_dynamic.scenario_for(static_from_dynamic, **factors))
     dynamic_self = simulated_wall(from_dynamic.scenario_for(run_from_config(dynamic_dir, from_dynamic, DYNAMIC)))
 
+    def ratio(name: str) -> float:  # the dynamic run's value / the static run's, on work both runs did alike
+        return from_dynamic.parameter(name).value / from_static.parameter(name).value
+
     rho = from_dynamic.parameter("hybrid_replica.tokens_per_s").value / from_dynamic.scenario.replica.tokens_per_s
-    notes = [
-        "wall = the trainer's traced wall (first trainer/trainer span to last) of the real and of the simulated trace",
-        f"assumed across the swap: hybrid_speed_ratio {hybrid_speed_ratio:g} (a static run never sees the hybrid "
-        f"replica serve; the dynamic run measured {rho:.2f}), standalone_speed_with_hybrid "
-        f"{standalone_speed_with_hybrid:g}",
-        _drift_line(from_static, from_dynamic),
-    ]
     return Comparison(
         predictions=[
             Prediction(STATIC, f"{STATIC} (itself)", real_static, static_self),
@@ -247,13 +387,50 @@ def compare(
         ],
         real_speedup=real_static / real_dynamic,
         predicted_speedup=static_self / dynamic_pred,
-        notes=notes,
+        machine_training=1.0 / ratio("trainer.device_s_per_token"),
+        machine_decode=ratio("info.standalone_tokens_per_s_per_replica"),
+        measured_hybrid_ratio=rho,
+        hybrid_speed_ratio=hybrid_speed_ratio,
+        standalone_speed_with_hybrid=standalone_speed_with_hybrid,
     )
 
 
-def main(argv: list[str] | None = None) -> Comparison:
+def find_rounds(out: str | Path) -> list[tuple[str, Path, Path]]:
+    """The rounds ``cpu_miniature`` left under ``out``: ``(r{i}, static_fully_async_r{i}, rate_matched_r{i})`` by
+    ``i``; every round must have both runs."""
+    out = Path(out)
+    if not out.is_dir():
+        raise CalibrationError(f"{out} is not a folder")
+    found: dict[str, dict[int, Path]] = {STATIC: {}, DYNAMIC: {}}
+    for child in out.iterdir():
+        m = re.fullmatch(rf"({STATIC}|{DYNAMIC})_r(\d+)", child.name)
+        if m and child.is_dir():
+            found[m.group(1)][int(m.group(2))] = child
+    unpaired = sorted(set(found[STATIC]) ^ set(found[DYNAMIC]))
+    if unpaired:
+        raise CalibrationError(
+            f"{out}: round(s) {', '.join(f'r{i}' for i in unpaired)} lack their {STATIC} or {DYNAMIC} run"
+        )
+    if not found[STATIC]:
+        raise CalibrationError(f"{out} holds no {STATIC}_r{{i}} / {DYNAMIC}_r{{i}} run folders")
+    return [(f"r{i}", found[STATIC][i], found[DYNAMIC][i]) for i in sorted(found[STATIC])]
+
+
+def compare_rounds(out: str | Path, **factors: float) -> Rounds:
+    """:func:`compare` on every round under ``out`` (:func:`find_rounds`), each round on its own."""
+    return Rounds([(label, compare(s, d, **factors)) for label, s, d in find_rounds(out)])
+
+
+def main(argv: list[str] | None = None) -> Comparison | Rounds:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--reuse", nargs=2, metavar=("STATIC_DIR", "DYNAMIC_DIR"), help="compare two kept run folders")
+    p.add_argument(
+        "--reuse",
+        nargs="+",
+        metavar="DIR",
+        help="offline: OUT (every static_fully_async_r{i} / rate_matched_r{i} pair under it, medians over the "
+        "rounds) or STATIC_DIR DYNAMIC_DIR (one pair)",
+    )
+    p.add_argument("--repeats", type=int, default=3, help="rounds of (static, dynamic) real runs (cpu_miniature's)")
     p.add_argument("--steps", type=int, default=64, help="optimizer steps per real run")
     p.add_argument("--out", default=None, help="keep the real runs' folders here (default: a temp dir)")
     p.add_argument("--hybrid-speed-ratio", type=float, default=HYBRID_SPEED_RATIO)
@@ -263,11 +440,19 @@ def main(argv: list[str] | None = None) -> Comparison:
         "hybrid_speed_ratio": args.hybrid_speed_ratio,
         "standalone_speed_with_hybrid": args.standalone_speed_with_hybrid,
     }
+    result: Comparison | Rounds
     if args.reuse:
         if rest:
             p.error(f"unrecognized arguments with --reuse: {' '.join(rest)}")
-        comparison = compare(*args.reuse, **factors)
+        if len(args.reuse) == 2:
+            result = compare(*args.reuse, **factors)
+        elif len(args.reuse) == 1:
+            result = compare_rounds(args.reuse[0], **factors)
+        else:
+            p.error("--reuse takes OUT (a folder of *_r{i} rounds) or STATIC_DIR DYNAMIC_DIR")
     else:
+        if args.repeats < 1:
+            p.error("--repeats must be at least 1")
         with tempfile.TemporaryDirectory(prefix="lhr-fidelity-runs-") as tmp:
             out = Path(args.out or tmp)
             _miniature().main(
@@ -277,7 +462,7 @@ def main(argv: list[str] | None = None) -> Comparison:
                     "--speedup-policy",
                     DYNAMIC,
                     "--repeats",
-                    "1",
+                    str(args.repeats),
                     "--steps",
                     str(args.steps),
                     "--out",
@@ -285,10 +470,10 @@ def main(argv: list[str] | None = None) -> Comparison:
                     *rest,
                 ]
             )
-            print(f"planner fidelity: the real runs above ({out}), then the predictions")
-            comparison = compare(out / f"{STATIC}_r1", out / f"{DYNAMIC}_r1", **factors)
-    print("\n".join(comparison.lines()))
-    return comparison
+            print(f"planner fidelity: the real runs above ({out}), then the predictions, round by round")
+            result = compare_rounds(out, **factors)
+    print("\n".join(result.lines()))
+    return result
 
 
 if __name__ == "__main__":

@@ -5,11 +5,19 @@ run (64 steps each: ``trace.json``, ``metrics.csv``, the saved ``hybrid_rollout_
 offline on them (``--reuse``): the last line is ``worst relative error: X``, the one before it the speedup's, and
 every error comes from both sides, the real trace's wall and the prediction's (a stretched real trace moves the
 real side only: the prediction of the dynamic run reads nothing of it but its configuration).
+
+Rounds (``--repeats`` / ``--reuse OUT``): the recorded pair copied as rounds r1, r2, r3, one round's dynamic trace
+stretched (a round where the machine drifted); the medians over the rounds ignore that round, its own lines show it.
+``compare`` is memoised on its inputs' bytes here (the simulator is deterministic: one pair's comparison is the
+same every time), so the file runs each distinct pair once.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib.util
+import inspect
 import json
 import re
 import shutil
@@ -28,12 +36,31 @@ PAIR = ROOT / "tests" / "data" / "planner_fidelity_pair"
 STATIC, DYNAMIC = PAIR / "static_fully_async_r1", PAIR / "rate_matched_r1"
 
 
+def _digest(run_dir: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(Path(run_dir).iterdir()):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+@functools.cache
 def _bench() -> Any:
     spec = importlib.util.spec_from_file_location("planner_fidelity", ROOT / "benchmarks" / "planner_fidelity.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["planner_fidelity"] = module
     spec.loader.exec_module(module)
+    real_compare, memo = module.compare, {}
+    defaults = {k: v.default for k, v in inspect.signature(real_compare).parameters.items() if v.kind is v.KEYWORD_ONLY}
+
+    def compare(static_dir: Path, dynamic_dir: Path, **factors: float) -> Any:
+        factors = {**defaults, **factors}
+        key = (_digest(static_dir), _digest(dynamic_dir), tuple(sorted(factors.items())))
+        if key not in memo:
+            memo[key] = real_compare(static_dir, dynamic_dir, **factors)
+        return memo[key]
+
+    module.compare = compare  # compare_rounds and main call it through the module
     return module
 
 
@@ -105,3 +132,105 @@ def test_another_workload_is_not_predicted(tmp_path):
     path.write_text(yaml.safe_dump(doc))
     with pytest.raises(CalibrationError, match="another workload"):
         _bench().compare(static_dir, dynamic_dir)
+
+
+def _rounds_out(tmp_path: Path, stretched: dict[int, float], n: int = 3) -> Path:
+    """The recorded pair copied as rounds r1..rn under one OUT folder, round i's dynamic trace × stretched[i]."""
+    out = tmp_path / "out"
+    for i in range(1, n + 1):
+        shutil.copytree(STATIC, out / f"static_fully_async_r{i}")
+        shutil.copytree(DYNAMIC, out / f"rate_matched_r{i}")
+        if i in stretched:
+            _stretch(out / f"rate_matched_r{i}" / "trace.json", stretched[i])
+    return out
+
+
+def test_the_medians_over_rounds_ignore_one_drifted_round_that_its_own_lines_show(tmp_path, capsys):
+    bench = _bench()
+    base = bench.compare(STATIC, DYNAMIC)
+    out = _rounds_out(tmp_path, {2: 1.25})  # round r2: the dynamic run 1.25x slower than the recorded one
+    rounds = bench.main(["--reuse", str(out)])
+    lines = capsys.readouterr().out.splitlines()
+
+    assert [label for label, _ in rounds.rounds] == ["r1", "r2", "r3"]
+    r1, r2, r3 = (c for _, c in rounds.rounds)
+    # the drifted round on its own: the real dynamic wall 1.25x, its prediction unchanged, the error out of target
+    assert r2.predictions[1].real_s == pytest.approx(1.25 * base.predictions[1].real_s, rel=1e-6)
+    assert r2.predictions[1].predicted_s == pytest.approx(base.predictions[1].predicted_s, rel=1e-9)
+    assert r2.worst_relative_error > 0.10 and r2.speedup_error > 0.07
+    assert r2.machine_training == pytest.approx(0.8, abs=0.01)
+    # the medians over the rounds, per prediction: the undrifted rounds' figures (r1 = r3 = the recorded pair)
+    assert rounds.median_errors == pytest.approx([p.relative_error for p in base.predictions], rel=1e-9)
+    assert rounds.worst_relative_error == pytest.approx(base.worst_relative_error, rel=1e-9)
+    assert rounds.speedup_error == pytest.approx(base.speedup_error, rel=1e-9)
+    assert rounds.worst_relative_error < 0.10 and rounds.speedup_error < 0.07
+    # a mean (or the worst round) would not: the drifted round moves both
+    assert max(r2.worst_relative_error, r1.worst_relative_error) > rounds.worst_relative_error
+    assert (r1.speedup_error + r2.speedup_error + r3.speedup_error) / 3 > rounds.speedup_error + 0.05
+
+    # the last two lines: the medians (same format as one pair's)
+    assert re.fullmatch(r"worst relative error: \d+\.\d{3}", lines[-1]), lines[-1]
+    assert re.fullmatch(r"speedup .*: real \d\.\d{3}, predicted \d\.\d{3} .*speedup error: \d\.\d{3}", lines[-2])
+    assert "medians over 3 round(s)" in lines[-2]
+    assert float(lines[-1].rsplit(" ", 1)[1]) == pytest.approx(rounds.worst_relative_error, abs=5e-4)
+    assert float(lines[-2].rsplit(" ", 1)[1]) == pytest.approx(rounds.speedup_error, abs=5e-4)
+    # each round printed on its own, r2's error and machine speed visible there
+    text = "\n".join(lines)
+    for label in ("r1", "r2", "r3"):
+        assert f"round {label}: static_fully_async_{label} and rate_matched_{label}" in text
+    r2_signed = f"{r2.predictions[1].predicted_s / r2.predictions[1].real_s - 1:+.1%}"
+    start = lines.index("round r2: static_fully_async_r2 and rate_matched_r2 (run one after the other)")
+    r2_block = lines[
+        start : lines.index("round r3: static_fully_async_r3 and rate_matched_r3 (run one after the other)")
+    ]
+    assert any(line.split()[:2] == ["rate_matched", "static_fully_async"] and r2_signed in line for line in r2_block)
+    assert any("machine speed" in line and "training 0.80x" in line for line in r2_block)
+    # the medians' table: per-round signed errors, then the median |error|
+    base_signed = f"{base.predictions[1].predicted_s / base.predictions[1].real_s - 1:+.1%}"
+    row = next(line for line in lines if line.startswith("rate_matched") and f"{base_signed}, {r2_signed}," in line)
+    assert row.split()[-1] == f"{base.predictions[1].relative_error:.1%}"
+    assert "r2 0.80x / 0.80x" in text
+
+
+def test_a_real_run_passes_repeats_and_compares_every_round(tmp_path, monkeypatch, capsys):
+    bench = _bench()
+    calls: list[list[str]] = []
+
+    class FakeMiniature:  # stands for cpu_miniature's main: leaves the recorded pair as each round's runs
+        @staticmethod
+        def main(argv: list[str]) -> None:
+            calls.append(argv)
+            out, repeats = Path(argv[argv.index("--out") + 1]), int(argv[argv.index("--repeats") + 1])
+            (out / "base_model").mkdir(parents=True)
+            _rounds_out(tmp_path / "made", {}, n=repeats).rename(out / "rounds")
+            for run in (out / "rounds").iterdir():
+                run.rename(out / run.name)
+
+    monkeypatch.setattr(bench, "_miniature", lambda: FakeMiniature)
+    rounds = bench.main(["--out", str(tmp_path / "runs"), "--set", "async_training.overlap_sync=true"])
+    argv = calls[0]
+    assert argv[argv.index("--repeats") + 1] == "3"  # the default: 3 rounds, as the other acceptance figures
+    assert argv[argv.index("--policies") + 1] == "static_fully_async,rate_matched"
+    assert argv[-2:] == ["--set", "async_training.overlap_sync=true"]
+    assert [label for label, _ in rounds.rounds] == ["r1", "r2", "r3"]
+    assert rounds.worst_relative_error == pytest.approx(bench.compare(STATIC, DYNAMIC).worst_relative_error)
+    assert capsys.readouterr().out.splitlines()[-1].startswith("worst relative error: ")
+
+
+def test_reuse_out_needs_both_runs_of_every_round(tmp_path):
+    bench = _bench()
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(CalibrationError, match="no static_fully_async_r"):
+        bench.find_rounds(out)
+    shutil.copytree(STATIC, out / "static_fully_async_r1")
+    shutil.copytree(DYNAMIC, out / "rate_matched_r1")
+    shutil.copytree(STATIC, out / "static_fully_async_r2")
+    with pytest.raises(CalibrationError, match=r"round\(s\) r2 lack"):
+        bench.find_rounds(out)
+    shutil.copytree(DYNAMIC, out / "rate_matched_r2")
+    shutil.copytree(STATIC, out / "static_fully_async_r10")
+    shutil.copytree(DYNAMIC, out / "rate_matched_r10")
+    assert [label for label, _, _ in bench.find_rounds(out)] == ["r1", "r2", "r10"]  # by number
+    with pytest.raises(SystemExit):
+        bench.main(["--reuse", str(out), str(out), str(out)])
