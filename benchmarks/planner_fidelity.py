@@ -22,7 +22,25 @@ across two runs carries that drift; the reported figures are therefore medians o
 acceptance figures (``cpu_miniature``'s 3-repeat medians): per prediction (row), the median over the rounds of its
 ``|predicted / real - 1|``; the speedup error, the median over the rounds of ``|predicted - real speedup|``
 (``statistics.median``: with an even number of rounds, the mean of the middle two). Each round also prints how fast
-the machine ran in its dynamic run against its static one (a diagnostic, read by no prediction).
+the machine ran in its dynamic run against its static one (a diagnostic, read by no counted prediction: only by
+the machine-drift-corrected ones below, information).
+
+Machine-drift-corrected errors (information only: counted in neither of the last two lines, which stay the raw
+figures above): each of the two cross predictions is simulated again, its calibrated scenario (after the swap,
+``scenario_for``) with the trainer's cost (``trainer.device_s_per_token`` and ``trainer.step_overhead_s``) divided
+by the training-speed ratio and the replicas' decode rates (``replica.tokens_per_s``,
+``hybrid_replica.tokens_per_s``) multiplied by the decode-speed ratio, the ratios being how fast the machine ran in
+the target run relative to the calibration run; the simulator itself combines the two (the phases overlap, and how
+much each one bounds the wall depends on both speeds: one wall × one ratio would have to guess which phase decides
+it). From the target run it reads exactly these two ratios, nothing else: the training ratio = the calibration run's
+``trainer.device_s_per_token`` / the target run's (the printed "training" ratio, or its inverse), the decode ratio =
+the target run's ``info.standalone_tokens_per_s_per_replica`` / the calibration run's (the printed "standalone
+decode" ratio, or its inverse), divided by ``standalone_speed_with_hybrid`` when the target run's hybrid replicas
+serve and the calibration run's do not (multiplied the other way): that part of the measured ratio is the swap's
+assumed contention, which ``scenario_for`` already applies, not the machine. Switch costs and everything else keep
+their calibrated values. The corrected error (and the speedup predicted from the corrected dynamic wall) says how
+much of a raw error is the model's and how much the machine's: what is left of it is what the model gets wrong on a
+machine that held its speed. Per round, then the medians over the rounds.
 
 Rates across the swap (``sim/calibrate.py``): a static run never sees its hybrid replica serve, so the hybrid rate
 is assumed ``hybrid_speed_ratio`` (default 0.73, ``--hybrid-speed-ratio``) × the standalone rate; the standalone
@@ -36,12 +54,13 @@ time 0, the start decision, its last the final weight sync: its ``time_s``). Bot
 ``lightning_hybrid_rollout.run_bound.trainer_breakdown``.
 
 It prints the real runs (cpu_miniature's report, unless ``--reuse``), then per round a table (run, calibrated from,
-real, predicted, signed relative error), the machine-speed line and the round's speedup; then the medians over the
-rounds (a table of the per-round errors and their median per row), the per-round speedups, on the line before the
+real, predicted, signed relative error), the machine-speed line, the machine-drift-corrected line (information) and
+the round's speedup; then the medians over the rounds (a table of the per-round errors and their median per row), the
+machine-drift-corrected errors per round and their medians (information), the per-round speedups, on the line before the
 last the speedup (median real, median predicted, and ``speedup error: X``, the median over rounds of the absolute
 error) and last ``worst relative error: X``: the largest of the three counted wall-time predictions' medians over
 rounds of ``|predicted / real - 1|``. With ``--reuse STATIC_DIR DYNAMIC_DIR`` (one pair) it prints that pair's table,
-its speedup line and its worst error (no medians), as before rounds existed.
+its machine-drift-corrected line (information), its speedup line and its worst error (no medians).
 
 Usage::
 
@@ -156,6 +175,24 @@ def simulated_wall(scenario: Scenario) -> float:
         return traced_wall(result.trace_path)
 
 
+def machine_corrected(scenario: Scenario, training: float, decode: float) -> Scenario:
+    """``scenario`` on a machine ``training`` times as fast at training and ``decode`` times as fast at decoding:
+    the trainer's ``device_s_per_token`` and ``step_overhead_s`` divided by ``training``, the replicas' (and the
+    hybrid replicas') ``tokens_per_s`` multiplied by ``decode``; nothing else changed."""
+    if not (training > 0 and decode > 0):
+        raise ValueError(f"machine-speed ratios must be > 0, got {training} and {decode}")
+    data = scenario.to_dict()
+    data["trainer"] = {
+        **data["trainer"],
+        "device_s_per_token": data["trainer"]["device_s_per_token"] / training,
+        "step_overhead_s": data["trainer"]["step_overhead_s"] / training,
+    }
+    for key in ("replica", "hybrid_replica"):
+        if data.get(key) is not None:
+            data[key] = {**data[key], "tokens_per_s": data[key]["tokens_per_s"] * decode}
+    return Scenario.from_dict(data)
+
+
 @dataclass
 class Prediction:
     """One wall-time prediction: the run, the run calibrated from, real and predicted seconds."""
@@ -165,11 +202,19 @@ class Prediction:
     real_s: float
     predicted_s: float
     counted: bool = True
+    #: The prediction re-simulated at the target run's measured machine speed (:func:`machine_corrected`;
+    #: information, counted nowhere); None for a run predicted from its own calibration (nothing to correct).
+    corrected_s: float | None = None
 
     @property
     def relative_error(self) -> float:
         """``|predicted / real - 1|``."""
         return abs(self.predicted_s / self.real_s - 1.0)
+
+    @property
+    def corrected_error(self) -> float | None:
+        """``corrected / real - 1`` (signed; information), None without a corrected prediction."""
+        return None if self.corrected_s is None else self.corrected_s / self.real_s - 1.0
 
 
 @dataclass
@@ -191,6 +236,35 @@ class Comparison:
     def speedup_error(self) -> float:
         """``|predicted speedup - real speedup|``."""
         return abs(self.predicted_speedup - self.real_speedup)
+
+    @property
+    def corrected(self) -> list[Prediction]:
+        """The predictions with a machine-drift-corrected value (the two cross predictions)."""
+        return [p for p in self.predictions if p.corrected_s is not None]
+
+    @property
+    def corrected_speedup(self) -> float:
+        """The static fit's own wall / the corrected prediction of the dynamic run (information)."""
+        static_self = self.predictions[0].predicted_s
+        dynamic = next(p for p in self.corrected if p.run == DYNAMIC)
+        assert dynamic.corrected_s is not None
+        return static_self / dynamic.corrected_s
+
+    @property
+    def corrected_speedup_error(self) -> float:
+        """``|corrected predicted speedup - real speedup|`` (information)."""
+        return abs(self.corrected_speedup - self.real_speedup)
+
+    def corrected_line(self) -> str:
+        """The machine-drift-corrected predictions (information: counted in no acceptance figure)."""
+        rows = ", ".join(
+            f"{p.run} from {p.calibrated_from} {p.corrected_s:.1f} s ({p.corrected_error:+.1%})" for p in self.corrected
+        )
+        return (
+            f"machine-drift-corrected (information, not counted): {rows}; speedup predicted "
+            f"{self.corrected_speedup:.3f}, error {self.corrected_speedup_error:.3f} (each prediction re-simulated at "
+            "the training / decode speed the target run measured relative to the calibration run)"
+        )
 
     @property
     def worst_relative_error(self) -> float:
@@ -215,7 +289,7 @@ class Comparison:
     def drift_line(self) -> str:
         """How fast the machine ran in the dynamic run against the static one (a diagnostic of the real side)."""
         return (
-            f"machine speed, dynamic run / static run (measured in both; no prediction reads it): training "
+            f"machine speed, dynamic run / static run (measured in both; no counted prediction reads it): training "
             f"{self.machine_training:.2f}x, standalone decode {self.machine_decode:.2f}x"
         )
 
@@ -234,6 +308,7 @@ class Comparison:
             WALL_NOTE,
             self.assumed_line(),
             self.drift_line(),
+            self.corrected_line(),
             f"speedup ({STATIC} / {DYNAMIC}): real {self.real_speedup:.3f}, predicted {self.predicted_speedup:.3f} "
             f"(static calibration), speedup error: {self.speedup_error:.3f}",
             f"worst relative error: {self.worst_relative_error:.3f}",
@@ -293,6 +368,46 @@ class Rounds:
         """The median over the rounds of the predicted speedup (information)."""
         return statistics.median(c.predicted_speedup for _, c in self.rounds)
 
+    @property
+    def corrected_median_errors(self) -> list[float | None]:
+        """Per prediction: the median over the rounds of ``|corrected / real - 1|`` (None: not corrected)."""
+        out: list[float | None] = []
+        for i in range(len(self.predictions)):
+            errors = [c.predictions[i].corrected_error for _, c in self.rounds]
+            known = [abs(e) for e in errors if e is not None]
+            out.append(statistics.median(known) if len(known) == len(errors) else None)
+        return out
+
+    @property
+    def corrected_speedup_error(self) -> float:
+        """The median over the rounds of the corrected speedup error (information)."""
+        return statistics.median(c.corrected_speedup_error for _, c in self.rounds)
+
+    def corrected_lines(self, width: int) -> list[str]:
+        """The machine-drift-corrected errors per round and their medians (information: not counted)."""
+        out = [
+            "machine-drift-corrected errors (information only, not counted in the last two lines): each cross "
+            "prediction re-simulated with its calibrated trainer cost / the training-speed ratio and replica rates x "
+            "the decode-speed ratio of the target run relative to the calibration run (the machine speed above; "
+            "nothing else of the target run is read): what is left is the model's error, the rest was the machine's",
+            f"{'run':<20} {'calibrated from':<28} {'corrected, per round':<{width}} {'median |error|':>14}",
+        ]
+        for i, (p, med) in enumerate(zip(self.predictions, self.corrected_median_errors)):
+            if med is None:
+                continue
+            signed = ", ".join(f"{c.predictions[i].corrected_error:+.1%}" for _, c in self.rounds)
+            out.append(f"{p.run:<20} {p.calibrated_from:<28} {signed:<{width}} {med:>14.1%}")
+        out.append(
+            "corrected speedup per round, real / predicted (|error|): "
+            + ", ".join(
+                f"{label} {c.real_speedup:.3f} / {c.corrected_speedup:.3f} ({c.corrected_speedup_error:.3f})"
+                for label, c in self.rounds
+            )
+            + f"; median error {self.corrected_speedup_error:.3f}; largest corrected median |error| "
+            f"{max(e for e in self.corrected_median_errors if e is not None):.3f}"
+        )
+        return out
+
     def lines(self) -> list[str]:
         """Each round's table, machine speed and speedup; then the medians over the rounds: a table (per-round
         signed errors, the median of the absolute ones), the per-round speedups, the speedup line (the median
@@ -303,6 +418,7 @@ class Rounds:
             out.append(f"round {label}: {STATIC}_{label} and {DYNAMIC}_{label} (run one after the other)")
             out += c.table(indent="  ")
             out.append("  " + c.drift_line())
+            out.append("  " + c.corrected_line())
             out.append(
                 f"  speedup: real {c.real_speedup:.3f}, predicted {c.predicted_speedup:.3f}, error "
                 f"{c.speedup_error:.3f}; this round's worst wall error {c.worst_relative_error:.3f}"
@@ -323,7 +439,8 @@ class Rounds:
             extra = "" if p.counted else "  (its own fit: information, not counted)"
             out.append(f"{p.run:<20} {p.calibrated_from:<28} {signed:<{width}} {med:>14.1%}{extra}")
         out.append(
-            "machine speed, dynamic run / static run per round (training, standalone decode; no prediction reads it): "
+            "machine speed, dynamic run / static run per round (training, standalone decode; no counted prediction "
+            "reads it): "
             + ", ".join(f"{label} {c.machine_training:.2f}x / {c.machine_decode:.2f}x" for label, c in self.rounds)
         )
         out.append(WALL_NOTE)
@@ -333,6 +450,7 @@ class Rounds:
                 "the dynamic runs measured " + ", ".join(f"{c.measured_hybrid_ratio:.2f}" for _, c in self.rounds)
             )
         )
+        out += self.corrected_lines(width)
         out.append(
             "speedup per round, real / predicted (|error|): "
             + ", ".join(
@@ -340,7 +458,7 @@ class Rounds:
                 for label, c in self.rounds
             )
             + "; the speedup error below is the median of these errors, the worst relative error (last line) the "
-            "largest counted median |error| above"
+            "largest counted median |error| of the first table above (the raw errors, not the corrected ones)"
         )
         out.append(
             f"speedup ({STATIC} / {DYNAMIC}), medians over {n} round(s): real {self.real_speedup:.3f}, predicted "
@@ -366,29 +484,40 @@ def compare(
     from_static = calibrate_run(static_dir, hybrid_speed_ratio=hybrid_speed_ratio)
     static_run = run_from_config(static_dir, from_static, STATIC)
     dynamic_run = run_from_config(dynamic_dir, from_static, DYNAMIC)  # its configuration only
+    dynamic_scenario = from_static.scenario_for(dynamic_run, **factors)
     static_self = simulated_wall(from_static.scenario_for(static_run, **factors))
-    dynamic_pred = simulated_wall(from_static.scenario_for(dynamic_run, **factors))
+    dynamic_pred = simulated_wall(dynamic_scenario)
 
     from_dynamic = calibrate_run(dynamic_dir, hybrid_speed_ratio=hybrid_speed_ratio)
     static_from_dynamic = run_from_config(static_dir, from_dynamic, STATIC)
-    static_pred = simulated_wall(from_dynamic.scenario_for(static_from_dynamic, **factors))
+    static_scenario = from_dynamic.scenario_for(static_from_dynamic, **factors)
+    static_pred = simulated_wall(static_scenario)
     dynamic_self = simulated_wall(from_dynamic.scenario_for(run_from_config(dynamic_dir, from_dynamic, DYNAMIC)))
 
     def ratio(name: str) -> float:  # the dynamic run's value / the static run's, on work both runs did alike
         return from_dynamic.parameter(name).value / from_static.parameter(name).value
 
+    # the machine's speed in the dynamic run relative to the static run: all the corrections read of the target run
+    training = 1.0 / ratio("trainer.device_s_per_token")
+    decode = ratio("info.standalone_tokens_per_s_per_replica")
+    # of the measured standalone decode ratio, the swap's assumed factor (the dynamic run's hybrid replicas serve, the
+    # static run's never do) is the model's, already in scenario_for's rates; the rest is the machine's
+    machine_decode = decode / standalone_speed_with_hybrid
+    dynamic_corrected = simulated_wall(machine_corrected(dynamic_scenario, training, machine_decode))
+    static_corrected = simulated_wall(machine_corrected(static_scenario, 1.0 / training, 1.0 / machine_decode))
+
     rho = from_dynamic.parameter("hybrid_replica.tokens_per_s").value / from_dynamic.scenario.replica.tokens_per_s
     return Comparison(
         predictions=[
             Prediction(STATIC, f"{STATIC} (itself)", real_static, static_self),
-            Prediction(DYNAMIC, STATIC, real_dynamic, dynamic_pred),
-            Prediction(STATIC, DYNAMIC, real_static, static_pred),
+            Prediction(DYNAMIC, STATIC, real_dynamic, dynamic_pred, corrected_s=dynamic_corrected),
+            Prediction(STATIC, DYNAMIC, real_static, static_pred, corrected_s=static_corrected),
             Prediction(DYNAMIC, f"{DYNAMIC} (itself)", real_dynamic, dynamic_self, counted=False),
         ],
         real_speedup=real_static / real_dynamic,
         predicted_speedup=static_self / dynamic_pred,
-        machine_training=1.0 / ratio("trainer.device_s_per_token"),
-        machine_decode=ratio("info.standalone_tokens_per_s_per_replica"),
+        machine_training=training,
+        machine_decode=decode,
         measured_hybrid_ratio=rho,
         hybrid_speed_ratio=hybrid_speed_ratio,
         standalone_speed_with_hybrid=standalone_speed_with_hybrid,

@@ -234,3 +234,57 @@ def test_reuse_out_needs_both_runs_of_every_round(tmp_path):
     assert [label for label, _, _ in bench.find_rounds(out)] == ["r1", "r2", "r10"]  # by number
     with pytest.raises(SystemExit):
         bench.main(["--reuse", str(out), str(out), str(out)])
+
+
+def test_the_machine_drift_corrected_errors_rescale_by_the_measured_speed_ratios(tmp_path, capsys):
+    bench = _bench()
+    base = bench.compare(STATIC, DYNAMIC)
+    static_dir, dynamic_dir = _copy_pair(tmp_path)
+    _stretch(dynamic_dir / "trace.json", 1.25)  # the dynamic run on a machine 1.25 times slower
+    slow = bench.compare(static_dir, dynamic_dir)
+    assert slow.machine_training == pytest.approx(0.8, abs=0.01) and slow.machine_decode == pytest.approx(0.8, abs=0.01)
+    assert [(p.run, p.calibrated_from) for p in slow.corrected] == [
+        ("rate_matched", "static_fully_async"),
+        ("static_fully_async", "rate_matched"),
+    ]
+    for i in (1, 2):  # dynamic from static, static from the (slower) dynamic
+        before, after = base.predictions[i], slow.predictions[i]
+        raw_before, raw_after = before.predicted_s / before.real_s - 1, after.predicted_s / after.real_s - 1
+        assert abs(raw_after - raw_before) > 0.15  # the raw error carries the machine's 1.25x
+        assert after.corrected_error == pytest.approx(before.corrected_error, abs=0.015)  # the corrected one not
+        assert abs(after.corrected_error) < 0.05
+    # the dynamic run predicted at the speed it measured: about 1.25x the raw prediction (the switch costs, ~2% of
+    # the wall, keep their calibrated values)
+    dyn = slow.predictions[1]
+    assert dyn.corrected_s == pytest.approx(1.25 * dyn.predicted_s, rel=0.03)
+    assert slow.corrected_speedup_error == pytest.approx(base.corrected_speedup_error, abs=0.02)
+    assert slow.speedup_error > 0.2 > 0.05 > slow.corrected_speedup_error
+
+    # machine_corrected: the trainer's cost / training, the replicas' rates x decode, nothing else
+    scenario = bench.calibrate_run(STATIC).scenario
+    fast = bench.machine_corrected(scenario, 2.0, 4.0)
+    assert fast.trainer.device_s_per_token == pytest.approx(scenario.trainer.device_s_per_token / 2)
+    assert fast.trainer.step_overhead_s == pytest.approx(scenario.trainer.step_overhead_s / 2)
+    assert fast.replica.tokens_per_s == pytest.approx(scenario.replica.tokens_per_s * 4)
+    assert scenario.hybrid_replica is not None and fast.hybrid_replica is not None
+    assert fast.hybrid_replica.tokens_per_s == pytest.approx(scenario.hybrid_replica.tokens_per_s * 4)
+    assert fast.switch == scenario.switch and fast.lengths == scenario.lengths
+
+    # information only: printed, never in the last two lines (the raw figures)
+    out = _rounds_out(tmp_path, {2: 1.25})
+    rounds = bench.main(["--reuse", str(out)])
+    lines = capsys.readouterr().out.splitlines()
+    assert float(lines[-1].rsplit(" ", 1)[1]) == pytest.approx(rounds.worst_relative_error, abs=5e-4)
+    assert float(lines[-2].rsplit(" ", 1)[1]) == pytest.approx(rounds.speedup_error, abs=5e-4)
+    assert not any("corrected" in line for line in lines[-2:])
+    r2 = rounds.rounds[1][1]
+    signed = f"{r2.predictions[1].corrected_error:+.1%}"
+    block = lines[lines.index("round r2: static_fully_async_r2 and rate_matched_r2 (run one after the other)") :]
+    assert any(
+        line.startswith("  machine-drift-corrected (information, not counted)") and signed in line for line in block
+    )
+    start = next(i for i, line in enumerate(lines) if line.startswith("machine-drift-corrected errors (information"))
+    row = next(line for line in lines[start:] if line.startswith("rate_matched"))
+    median = rounds.corrected_median_errors[1]
+    assert median is not None and row.split()[-1] == f"{median:.1%}"
+    assert f", {signed}," in row
