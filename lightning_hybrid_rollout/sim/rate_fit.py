@@ -1,0 +1,192 @@
+"""The replicas' decode rates fitted to a run (:mod:`~lightning_hybrid_rollout.sim.calibrate`'s ``replica.*`` and
+``hybrid_replica.*``).
+
+Each role's throughput per replica is its running totals ``decoded_tokens.<role>`` / ``serving_s.<role>`` per sync
+cycle; ``tokens_per_s`` is that throughput over the model's ``X(m) / tokens_per_s = m / (1 + batch_slowdown·(m − 1))``
+averaged over the role's ``active`` spans inside the counted window (:func:`occupancy`, ``m`` from the ``in_flight``
+counter), or at ``m = cap`` without one. Hybrid replicas that never served (a static run) get ``hybrid_speed_ratio``
+× the standalone rate: an assumption.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_hybrid_rollout.sim.calibration import FitLog
+from lightning_hybrid_rollout.sim.run_reading import Cycle, device_count
+from lightning_hybrid_rollout.sim.scenario import ReplicaModel
+from lightning_hybrid_rollout.trace import DECODED_TOKENS, IN_FLIGHT, SERVING_S, TraceData
+
+__all__ = ["DecodeRates", "fit_decode_rates", "occupancy"]
+
+
+@dataclass(frozen=True)
+class DecodeRates:
+    """The fitted replica models.
+
+    Args:
+        standalone: The standalone replicas' model (the hybrid replicas' when the run had no standalone one).
+        hybrid: The hybrid replicas' model, or None without hybrid replicas.
+        hybrid_assumed: The ``hybrid_speed_ratio`` the hybrid rate was assumed with (None: measured, or no hybrid).
+    """
+
+    standalone: ReplicaModel
+    hybrid: ReplicaModel | None
+    hybrid_assumed: float | None
+
+
+@dataclass(frozen=True)
+class _Role:
+    """One role's replicas as the fit sees them."""
+
+    kind: str  # "standalone" or "hybrid"
+    section: str  # the scenario's section: "replica" or "hybrid_replica"
+    infos: list[dict[str, Any]]  # the role's replica tracks' descriptions
+    template: ReplicaModel  # its defaults
+
+
+def fit_decode_rates(
+    trace: TraceData,
+    cycles: Sequence[Cycle],
+    kinds: Mapping[str, list[dict[str, Any]]],
+    cap: int,
+    base_standalone: ReplicaModel,
+    base_hybrid: ReplicaModel,
+    window: tuple[float, float],
+    hybrid_speed_ratio: float,
+    fit: FitLog,
+) -> DecodeRates:
+    """Each role's replica model (devices, ``tokens_per_s``; ``batch_slowdown`` and ``kv_cache_tokens`` kept from
+    the ``base_*`` models); see the module doc. ``kinds``: the replica tracks' descriptions by kind; ``window``: the
+    counted time (the trainer's first span to the last cycle's end)."""
+    models: dict[str, ReplicaModel] = {}
+    hybrid_assumed: float | None = None
+    for kind, template in (("standalone", base_standalone), ("hybrid", base_hybrid)):
+        infos = kinds[kind]
+        if not infos:
+            continue
+        role = _Role(kind, "replica" if kind == "standalone" else "hybrid_replica", infos, template)
+        devices = device_count(infos[0].get("devices")) or template.devices
+        if len({device_count(i.get("devices")) for i in infos}) > 1:
+            fit.notes.append(
+                f"the {kind} replicas have different device counts; the model uses the first's ({devices})"
+            )
+        fit.add(f"{role.section}.devices", devices, f"trace: replica/{kind}_* tracks' devices", observations=len(infos))
+        beta = fit.default(f"{role.section}.batch_slowdown", template.batch_slowdown)
+        v = _measured_rate(trace, cycles, role, cap, beta, window, fit)
+        if v is None and kind == "hybrid" and "standalone" in models:
+            v = hybrid_speed_ratio * models["standalone"].tokens_per_s
+            hybrid_assumed = hybrid_speed_ratio
+            fit.default(
+                f"{role.section}.tokens_per_s",
+                v,
+                f"the hybrid replicas never served: hybrid_speed_ratio {hybrid_speed_ratio:g} x replica.tokens_per_s, "
+                "assumed (calibrate(hybrid_speed_ratio=...) overrides)",
+            )
+        elif v is None:
+            v = fit.default(f"{role.section}.tokens_per_s", template.tokens_per_s, f"the {kind} replicas never served")
+        fit.default(f"{role.section}.kv_cache_tokens", template.kv_cache_tokens)
+        models[kind] = ReplicaModel(
+            devices=devices,
+            tokens_per_s=v,
+            batch_slowdown=beta,
+            concurrency=None,
+            kv_cache_tokens=template.kv_cache_tokens,
+        )
+    return DecodeRates(models.get("standalone") or models["hybrid"], models.get("hybrid"), hybrid_assumed)
+
+
+def _measured_rate(
+    trace: TraceData,
+    cycles: Sequence[Cycle],
+    role: _Role,
+    cap: int,
+    beta: float,
+    window: tuple[float, float],
+    fit: FitLog,
+) -> float | None:
+    """The role's ``tokens_per_s`` from its running totals (recorded in ``fit`` with its throughput and mean
+    concurrency), or None when its replicas never served."""
+    kind, section, n = role.kind, role.section, len(role.infos)
+    per_cycle = [c.decoded[kind] / c.serving[kind] / n for c in cycles if c.serving[kind] > 0 and c.decoded[kind] > 0]
+    tokens = sum(c.decoded[kind] for c in cycles)
+    serving = sum(c.serving[kind] for c in cycles)
+    if not (per_cycle and serving > 0):
+        return None
+    x = tokens / serving / n
+    fit.add(
+        f"info.{kind}_tokens_per_s_per_replica",
+        x,
+        f"trace: {DECODED_TOKENS}.{kind} / {SERVING_S}.{kind} / {n} replica(s), per cycle",
+        per_cycle,
+    )
+    occupied = occupancy(trace, kind, cap, beta, window)
+    if occupied is not None:
+        mean_g, mean_m = occupied
+        weighted_s = serving * n * mean_g  # the replicas' serving seconds x g at their load
+        fit.add(
+            f"info.{kind}_mean_concurrency",
+            mean_m,
+            f"trace: {IN_FLIGHT} / active replicas, at most cap {cap}",
+            observations=1,
+        )
+        return fit.add(
+            f"{section}.tokens_per_s",
+            tokens / weighted_s,
+            f"trace: {DECODED_TOKENS}.{kind} / ({SERVING_S}.{kind} x replicas x the mean m/(1+b(m-1)) over "
+            f"their active spans), m from {IN_FLIGHT} (batch_slowdown {beta:g})",
+            [p * tokens / weighted_s / x for p in per_cycle],
+        )
+    scale = cap / (1.0 + beta * (cap - 1))  # X(cap) / tokens_per_s
+    return fit.add(
+        f"{section}.tokens_per_s",
+        x / scale,
+        f"trace: that throughput / {scale:.4g} (the model's X(cap)/v at cap {cap}, "
+        f"batch_slowdown {beta:g}; "
+        f"no {IN_FLIGHT} counter: replicas assumed full)",
+        [p / scale for p in per_cycle],
+    )
+
+
+def occupancy(
+    trace: TraceData, kind: str, cap: int, beta: float, window: tuple[float, float]
+) -> tuple[float, float] | None:
+    """``(mean g(m), mean m)`` over the ``active`` spans of ``kind``'s replicas inside ``window`` (the counted
+    cycles: the running totals count from the trainer's first span to the last cycle's end), ``g(m) = m / (1 +
+    β(m − 1))`` (the model's throughput over ``tokens_per_s``) and ``m = min(cap, in_flight / active replicas)``; the
+    ``in_flight`` counter holds its first value before its first sample (the runtime samples it at cycle ends only).
+    None without an ``in_flight`` counter or active time in the window."""
+    series = trace.counter_series(IN_FLIGHT)
+    if not series:
+        return None
+    lo, hi = window
+    active: list[tuple[str, float, float]] = []
+    for track, info in trace.tracks.items():
+        if track.startswith("replica/") and info.get("kind") in ("standalone", "hybrid"):
+            for s in trace.spans_of(track):
+                a, b = max(s.start_s, lo), min(s.end_s, hi)
+                if s.name == "active" and b > a:
+                    active.append((str(info["kind"]), a, b))
+    points = sorted({lo, hi} | {c.t for c in series if lo < c.t < hi} | {t for _, a, b in active for t in (a, b)})
+    total = weighted = occupied = 0.0
+    j, value = 0, series[0].value
+    for t0, t1 in itertools.pairwise(points):
+        while j < len(series) and series[j].t <= t0 + 1e-12:
+            value = series[j].value
+            j += 1
+        mid = 0.5 * (t0 + t1)
+        on = [k for k, a, b in active if a <= mid < b]
+        mine = sum(1 for k in on if k == kind)
+        if not mine:
+            continue
+        m = min(float(cap), value / len(on))
+        g = m / (1.0 + beta * (m - 1.0)) if m > 0 else 0.0
+        weighted += mine * g * (t1 - t0)
+        occupied += mine * m * (t1 - t0)
+        total += mine * (t1 - t0)
+    if total <= 0 or weighted <= 0:
+        return None
+    return weighted / total, occupied / total
