@@ -53,6 +53,11 @@ the predicted one is the same reading of the simulated run's trace (the simulato
 time 0, the start decision, its last the final weight sync: its ``time_s``). Both by
 ``lightning_hybrid_rollout.run_bound.trainer_breakdown``.
 
+Staleness (information, counted in no error figure): each table row also gives the mean version lag of the trained
+samples, real (the mean over the run's steps of ``train/staleness_mean``, ``param_version - weight_version_min``)
+against predicted (the simulated run's ``version_lag_mean``, the figure ``lhr plan`` prints as ``lag``), and the
+medians part a line with every round's pairs and the largest difference.
+
 It prints the real runs (cpu_miniature's report, unless ``--reuse``), then per round a table (run, calibrated from,
 real, predicted, signed relative error), the machine-speed line, the machine-drift-corrected line (information) and
 the round's speedup; then the medians over the rounds (a table of the per-round errors and their median per row), the
@@ -76,6 +81,7 @@ Other arguments go to ``cpu_miniature.py`` as they are (e.g. ``--set async_train
 from __future__ import annotations
 
 import argparse
+import csv
 import importlib.util
 import re
 import statistics
@@ -169,10 +175,26 @@ def run_from_config(run_dir: str | Path, fit: Calibration, name: str) -> dict[st
 
 def simulated_wall(scenario: Scenario) -> float:
     """The simulated run's traced wall (its trace read as a real one's: :func:`traced_wall`)."""
+    return simulated(scenario)[0]
+
+
+def simulated(scenario: Scenario) -> tuple[float, float]:
+    """The simulated run's traced wall (:func:`simulated_wall`) and its mean version lag (``version_lag_mean``)."""
     with tempfile.TemporaryDirectory(prefix="lhr-fidelity-") as tmp:
         result = simulate(scenario, trace_dir=tmp).runs[0]
         assert result.trace_path is not None
-        return traced_wall(result.trace_path)
+        return traced_wall(result.trace_path), result.version_lag_mean
+
+
+def real_version_lag(run_dir: str | Path) -> float:
+    """A real run's mean version lag: the mean over its steps of ``train/staleness_mean`` (every step trains the same
+    number of samples, so it is the mean over its trained samples of ``param_version - weight_version_min``)."""
+    path = Path(run_dir) / "metrics.csv"
+    with path.open(newline="") as f:
+        values = [float(v) for row in csv.DictReader(f) if (v := row.get("train/staleness_mean"))]
+    if not values:
+        raise CalibrationError(f"{path} has no train/staleness_mean values (a run of this package logs them)")
+    return statistics.fmean(values)
 
 
 def machine_corrected(scenario: Scenario, training: float, decode: float) -> Scenario:
@@ -205,6 +227,10 @@ class Prediction:
     #: The prediction re-simulated at the target run's measured machine speed (:func:`machine_corrected`;
     #: information, counted nowhere); None for a run predicted from its own calibration (nothing to correct).
     corrected_s: float | None = None
+    #: The mean version lag of the trained samples (a real run's ``train/staleness_mean``; the simulated run's
+    #: ``version_lag_mean``): information, counted in no error figure.
+    real_lag: float = float("nan")
+    predicted_lag: float = float("nan")
 
     @property
     def relative_error(self) -> float:
@@ -275,14 +301,14 @@ class Comparison:
         """The header and one row per prediction (signed relative error)."""
         out = [
             f"{indent}{'run':<20} {'calibrated from':<28} {'real wall (s)':>13} {'predicted (s)':>13} "
-            f"{'rel. error':>10}",
+            f"{'rel. error':>10} {'lag real/pred':>14}",
         ]
         for p in self.predictions:
             signed = p.predicted_s / p.real_s - 1.0
             extra = "" if p.counted else "  (its own fit: information, not counted)"
             out.append(
                 f"{indent}{p.run:<20} {p.calibrated_from:<28} {p.real_s:>13.1f} {p.predicted_s:>13.1f} "
-                f"{signed:>+10.1%}{extra}"
+                f"{signed:>+10.1%} {f'{p.real_lag:.2f}/{p.predicted_lag:.2f}':>14}{extra}"
             )
         return out
 
@@ -383,6 +409,28 @@ class Rounds:
         """The median over the rounds of the corrected speedup error (information)."""
         return statistics.median(c.corrected_speedup_error for _, c in self.rounds)
 
+    @property
+    def largest_lag_difference(self) -> float:
+        """The largest ``|predicted - real|`` mean version lag over every round's counted predictions."""
+        return max(abs(p.predicted_lag - p.real_lag) for _, c in self.rounds for p in c.predictions if p.counted)
+
+    def lag_line(self) -> str:
+        """The predicted staleness against the real one (information, counted in no error figure)."""
+        rows = "; ".join(
+            f"{label} "
+            + ", ".join(
+                f"{p.run} from {p.calibrated_from.split(' ')[0]} {p.real_lag:.2f}/{p.predicted_lag:.2f}"
+                for p in c.predictions
+                if p.counted
+            )
+            for label, c in self.rounds
+        )
+        return (
+            "version lag (mean param versions between the weights a trained sample was first generated under and the "
+            f"weights it trained: real train/staleness_mean / predicted), per round: {rows}; largest |difference| "
+            f"{self.largest_lag_difference:.2f} (information, not counted)"
+        )
+
     def corrected_lines(self, width: int) -> list[str]:
         """The machine-drift-corrected errors per round and their medians (information: not counted)."""
         out = [
@@ -444,6 +492,7 @@ class Rounds:
             + ", ".join(f"{label} {c.machine_training:.2f}x / {c.machine_decode:.2f}x" for label, c in self.rounds)
         )
         out.append(WALL_NOTE)
+        out.append(self.lag_line())
         first = self.rounds[0][1]
         out.append(
             first.assumed_line(
@@ -485,14 +534,17 @@ def compare(
     static_run = run_from_config(static_dir, from_static, STATIC)
     dynamic_run = run_from_config(dynamic_dir, from_static, DYNAMIC)  # its configuration only
     dynamic_scenario = from_static.scenario_for(dynamic_run, **factors)
-    static_self = simulated_wall(from_static.scenario_for(static_run, **factors))
-    dynamic_pred = simulated_wall(dynamic_scenario)
+    static_self, static_self_lag = simulated(from_static.scenario_for(static_run, **factors))
+    dynamic_pred, dynamic_pred_lag = simulated(dynamic_scenario)
 
     from_dynamic = calibrate_run(dynamic_dir, hybrid_speed_ratio=hybrid_speed_ratio)
     static_from_dynamic = run_from_config(static_dir, from_dynamic, STATIC)
     static_scenario = from_dynamic.scenario_for(static_from_dynamic, **factors)
-    static_pred = simulated_wall(static_scenario)
-    dynamic_self = simulated_wall(from_dynamic.scenario_for(run_from_config(dynamic_dir, from_dynamic, DYNAMIC)))
+    static_pred, static_pred_lag = simulated(static_scenario)
+    dynamic_self, dynamic_self_lag = simulated(
+        from_dynamic.scenario_for(run_from_config(dynamic_dir, from_dynamic, DYNAMIC))
+    )
+    lag_static, lag_dynamic = real_version_lag(static_dir), real_version_lag(dynamic_dir)
 
     def ratio(name: str) -> float:  # the dynamic run's value / the static run's, on work both runs did alike
         return from_dynamic.parameter(name).value / from_static.parameter(name).value
@@ -509,10 +561,41 @@ def compare(
     rho = from_dynamic.parameter("hybrid_replica.tokens_per_s").value / from_dynamic.scenario.replica.tokens_per_s
     return Comparison(
         predictions=[
-            Prediction(STATIC, f"{STATIC} (itself)", real_static, static_self),
-            Prediction(DYNAMIC, STATIC, real_dynamic, dynamic_pred, corrected_s=dynamic_corrected),
-            Prediction(STATIC, DYNAMIC, real_static, static_pred, corrected_s=static_corrected),
-            Prediction(DYNAMIC, f"{DYNAMIC} (itself)", real_dynamic, dynamic_self, counted=False),
+            Prediction(
+                STATIC,
+                f"{STATIC} (itself)",
+                real_static,
+                static_self,
+                real_lag=lag_static,
+                predicted_lag=static_self_lag,
+            ),
+            Prediction(
+                DYNAMIC,
+                STATIC,
+                real_dynamic,
+                dynamic_pred,
+                corrected_s=dynamic_corrected,
+                real_lag=lag_dynamic,
+                predicted_lag=dynamic_pred_lag,
+            ),
+            Prediction(
+                STATIC,
+                DYNAMIC,
+                real_static,
+                static_pred,
+                corrected_s=static_corrected,
+                real_lag=lag_static,
+                predicted_lag=static_pred_lag,
+            ),
+            Prediction(
+                DYNAMIC,
+                f"{DYNAMIC} (itself)",
+                real_dynamic,
+                dynamic_self,
+                counted=False,
+                real_lag=lag_dynamic,
+                predicted_lag=dynamic_self_lag,
+            ),
         ],
         real_speedup=real_static / real_dynamic,
         predicted_speedup=static_self / dynamic_pred,

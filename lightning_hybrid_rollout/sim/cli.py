@@ -6,7 +6,7 @@ line.
 
     {"scenario": str, "balance_bound_s": float,
      "runs": [{"name", "policy", "train_devices", "rollout_devices", "hybrid", "time_s", "efficiency",
-               "resource_utilization", "breakdown_s": {bucket: seconds}}]}
+               "resource_utilization", "breakdown_s": {bucket: seconds}, "version_lag_mean", "version_lag_max"}]}
 
 without it a table (``--markdown``: the same tables in Markdown, as in docs/simulator.md); ``--gap`` adds where
 each run's time beyond the balance bound went (:data:`~lightning_hybrid_rollout.sim.runner.GAP_KEYS`, wall seconds);
@@ -484,6 +484,7 @@ _PLAN_COLUMNS = (
     "switch+sync",
     "stale max/mean/budget",
     "carried",
+    "lag mean/max",
 )
 
 
@@ -513,6 +514,7 @@ def _plan_rows(result: object, top: int) -> list[list[str]]:
                 *(f"{100 * g[k]:.1f}%" for k in ("train", "hybrid gen", "wait", "switch+sync")),
                 f"{st.max_samples:.0f}/{st.mean_samples:.0f}/{st.budget_samples}",
                 f"{st.carried_mean_samples:.0f}",
+                f"{st.version_lag_mean:.2f}/{st.version_lag_max}",
             ]
         )
     return rows
@@ -538,7 +540,8 @@ _PLAN_NOTES = (
     "efficiency = the plan's balance bound (the best split's) / time; vs static = the best static split's time / "
     "time; train, hybrid gen, wait, switch+sync = the trainer's time; staleness = samples counted against a version "
     "per cycle (max/mean) and the budget max_required_samples; carried = mean samples queued or in flight at a sync "
-    "(generated partly under older weights)"
+    "(generated partly under older weights); lag = param versions between the weights a trained sample was first "
+    "generated under and the weights it trained (mean/max: a real run's train/staleness_mean/max)"
 )
 
 
@@ -572,7 +575,7 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
          "rows": [{"rank", "name", "train_devices", "rollout_devices", "hybrid", "policy", "options",
                    "async_training", "time_s", "efficiency", "speedup_vs_static", "breakdown_s",
                    "staleness": {"max_samples", "mean_samples", "budget_samples", "carried_mean_samples",
-                                 "step_samples"}, "activations", "error"}]}
+                                 "step_samples", "version_lag_mean", "version_lag_max"}, "activations", "error"}]}
 
     Bad input (fewer than 2 devices, no split fitting the replica size, an unknown preset or policy, a run dir
     without a trace) is one line on stderr and exit status 2.

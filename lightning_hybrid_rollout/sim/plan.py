@@ -210,6 +210,9 @@ class Staleness:
         budget_samples: ``max_required_samples`` of the scenario (the admission bound per version).
         carried_mean_samples: Mean of ``sim/carried_samples`` over the cycles.
         step_samples: ``step_required_samples`` (samples one cycle trains), to read the counts against.
+        version_lag_mean, version_lag_max: Over the trained samples, param versions between the weights a sample was
+            first generated under and the weights it trained (:attr:`RunResult.version_lag_mean`; a real run's
+            ``train/staleness_mean`` / ``_max``).
     """
 
     max_samples: float
@@ -217,6 +220,8 @@ class Staleness:
     budget_samples: int
     carried_mean_samples: float
     step_samples: int
+    version_lag_mean: float = 0.0
+    version_lag_max: int = 0
 
     @classmethod
     def of(cls, scenario: Scenario, result: RunResult) -> Staleness:
@@ -229,6 +234,8 @@ class Staleness:
             budget_samples=scenario.max_required_samples,
             carried_mean_samples=statistics.fmean(carried),
             step_samples=scenario.step_required_samples,
+            version_lag_mean=result.version_lag_mean,
+            version_lag_max=result.version_lag_max,
         )
 
 

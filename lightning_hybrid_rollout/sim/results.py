@@ -69,6 +69,9 @@ class RunResult:
         activations, deactivations: Completed hybrid switches.
         generated, consumed, queued, outstanding, admitted: Sample counts at the end.
         efficiency: ``balance_bound_s / time_s`` (filled in by :func:`simulate`).
+        version_lag_mean, version_lag_max: Over the trained samples, the trainer's param version minus the oldest
+            weight version the sample was generated under: the runtime's ``train/staleness_mean`` / ``_max``
+            (``param_version - weight_version_min``), 0 for on-policy samples.
         trace_path: The run's trace file, if one was written.
         gap_s: Where the run's time beyond its balance term went (:data:`GAP_KEYS`, see :meth:`_Run._gap`);
             not part of the JSON output.
@@ -92,6 +95,8 @@ class RunResult:
     outstanding: int = 0
     admitted: int = 0
     efficiency: float = 0.0
+    version_lag_mean: float = 0.0
+    version_lag_max: int = 0
     trace_path: str | None = None
     gap_s: dict[str, float] = field(default_factory=dict)
 
@@ -107,6 +112,8 @@ class RunResult:
             "efficiency": self.efficiency,
             "resource_utilization": self.resource_utilization,
             "breakdown_s": dict(self.breakdown_s),
+            "version_lag_mean": self.version_lag_mean,
+            "version_lag_max": self.version_lag_max,
         }
 
 

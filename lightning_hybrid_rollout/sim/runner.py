@@ -33,6 +33,7 @@ import dataclasses
 import json
 import logging
 import math
+import statistics
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,10 @@ class _Run:
         self.breakdown = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
         self.trained_any = False
         self.trained: list[SimSample] = []
+        #: Per trained sample: the trainer's param version minus the oldest weight version the sample was generated
+        #: under (the runtime's ``train/staleness_*``: ``param_version - weight_version_min``).
+        self.version_lags: list[int] = []
+        self._cycle_lags: list[int] = []
         self.steps: list[dict[str, float]] = []
         self.pool = SimReplicaPool(self.world, scenario, self._charge)
         self.controller: DynamicResourceController | None = None
@@ -332,6 +337,9 @@ class _Run:
                 q0 = w.queue_size
                 waited = self._wait_for(R)
                 batch = w.take(R)
+                lags = [w.version - (w.version if s.min_version is None else s.min_version) for s in batch]
+                self.version_lags.extend(lags)
+                self._cycle_lags.extend(lags)
                 train_s = self._train_seconds(batch)
                 ledger.add_batch(waited, q0, len(batch), sum(s.length for s in batch))
                 t0 = w.now
@@ -398,6 +406,10 @@ class _Run:
         # the staleness budget: samples counted against the closing version (<= max_required_samples, the
         # rollouter's admission bound) and samples carried into the next one (queued or in flight at the sync)
         out["sim/staleness_samples"], out["sim/carried_samples"] = map(float, self._cycle_staleness)
+        # the trained samples' version lag (the runtime logs the same per step as train/staleness_mean/max)
+        lags, self._cycle_lags = self._cycle_lags, []
+        out["sim/version_lag_mean"] = statistics.fmean(lags) if lags else 0.0
+        out["sim/version_lag_max"] = float(max(lags, default=0))
         out["sim/time_s"] = self.world.now
         out["sim/step"] = float(step)
         for key, value in self.breakdown.items():
@@ -512,6 +524,8 @@ class _Run:
             queued=w.queue_size,
             outstanding=w.outstanding,
             admitted=w.admitted,
+            version_lag_mean=statistics.fmean(self.version_lags) if self.version_lags else 0.0,
+            version_lag_max=max(self.version_lags, default=0),
             gap_s=gap,
         )
 

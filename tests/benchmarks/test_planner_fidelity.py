@@ -288,3 +288,21 @@ def test_the_machine_drift_corrected_errors_rescale_by_the_measured_speed_ratios
     median = rounds.corrected_median_errors[1]
     assert median is not None and row.split()[-1] == f"{median:.1%}"
     assert f", {signed}," in row
+
+
+def test_the_predicted_version_lag_is_the_real_runs_within_a_tenth_of_a_version():
+    import csv
+
+    bench = _bench()
+    comparison = bench.compare(STATIC, DYNAMIC)
+    for run_dir, name in ((STATIC, "static_fully_async"), (DYNAMIC, "rate_matched")):
+        with (run_dir / "metrics.csv").open(newline="") as f:
+            values = [float(r["train/staleness_mean"]) for r in csv.DictReader(f) if r["train/staleness_mean"]]
+        assert bench.real_version_lag(run_dir) == pytest.approx(sum(values) / len(values))
+        for p in comparison.predictions:
+            if p.run == name:
+                assert p.real_lag == pytest.approx(sum(values) / len(values))
+                # the simulator's staleness model against the real run's (the pilot's lags are 0.1-0.25 versions)
+                assert abs(p.predicted_lag - p.real_lag) < 0.1, (p.run, p.calibrated_from, p.predicted_lag, p.real_lag)
+    lines = comparison.table()
+    assert lines[0].split()[-2:] == ["lag", "real/pred"]

@@ -22,6 +22,8 @@ _RUN_KEYS = {
     "efficiency",
     "resource_utilization",
     "breakdown_s",
+    "version_lag_mean",
+    "version_lag_max",
 }
 
 

@@ -37,7 +37,15 @@ _ROW_KEYS = {
     "activations",
     "error",
 }
-_STALENESS_KEYS = {"max_samples", "mean_samples", "budget_samples", "carried_mean_samples", "step_samples"}
+_STALENESS_KEYS = {
+    "max_samples",
+    "mean_samples",
+    "budget_samples",
+    "carried_mean_samples",
+    "step_samples",
+    "version_lag_mean",
+    "version_lag_max",
+}
 
 
 class _NeverDeactivates(DynamicSchedulePolicyBase):

@@ -40,3 +40,32 @@ def test_staged_keep_run_in_every_preset_and_the_best_run_beats_verl_v1s_rule():
         assert best.time_s <= result.run("dynamic_rate_matched_overlap_early_staged").time_s, preset
     sufficient = simulate(get_preset("standalone_sufficient"))
     assert sufficient.run("dynamic_rate_matched_overlap_early_staged_keep").activations == 0
+
+
+def _tiny(staleness: float):
+    from .conftest import tiny_scenario
+
+    at = {"mini_batch_size": 8, "trigger_parameter_sync_step": 2, "staleness_threshold": staleness}
+    return tiny_scenario(async_training=at, steps=10)
+
+
+def test_without_a_staleness_budget_every_trained_sample_is_of_the_trainers_own_version():
+    result = simulate(_tiny(0.0))
+    for run in result.runs:
+        assert run.version_lag_mean == 0.0 and run.version_lag_max == 0, run.name
+        assert all(step["sim/version_lag_max"] == 0.0 for step in run.steps), run.name
+
+
+def test_the_version_lag_grows_with_the_staleness_budget_and_the_cycles_add_up_to_the_run():
+    lags = {}
+    for staleness in (0.0, 0.5, 1.0):
+        sc = _tiny(staleness)
+        result = simulate(sc)
+        for run in result.runs:
+            # each cycle trains the same number of samples: the run's mean is the mean of the cycles' means
+            cycle_means = [step["sim/version_lag_mean"] for step in run.steps]
+            assert run.version_lag_mean == pytest.approx(sum(cycle_means) / len(cycle_means)), run.name
+            assert run.version_lag_max == max(step["sim/version_lag_max"] for step in run.steps), run.name
+        lags[staleness] = result.run("static_2_2").version_lag_mean
+    # a budget beyond one cycle's samples admits samples that train one or more versions later
+    assert lags[0.0] == 0.0 < lags[0.5] < lags[1.0]
