@@ -24,6 +24,7 @@ HERE = Path(__file__).parent
 pytestmark = pytest.mark.slow
 
 SEED_ORDER = ["should_deactivate", "deactivate_wait_samples", "deactivate"]
+MODE = "keep"  # the standalone-sync mode of the static fit (static_keep_run)
 
 
 def run_fit(tmp: Path, name: str, model_dir: Path, *, expect_returncode: int = 0, **spec: Any) -> dict[str, Any]:
@@ -198,15 +199,27 @@ def test_resume_restores_ratio_switch_history_param_version_and_buffered_samples
     assert resumed["global_step"] == 6 and resumed["param_version"] == 3
 
 
-def test_static_fully_async_never_uses_the_hybrid_replica_and_skips_its_sync(model_dir: Path, tmp_path: Path) -> None:
-    rep = run_fit(tmp_path, "static", model_dir, max_steps=4, policy="static_fully_async")
+@pytest.fixture(scope="module")
+def static_keep_run(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> dict[str, Any]:
+    """One static_fully_async fit in ``keep`` standalone-sync mode, a sync every step (trigger 1), 6 steps, read by
+    the static test (the hybrid replica is never used, its sync skipped every cycle) and the keep-mode test (the
+    standalone syncs abort nothing): the two properties hold together, so one fit (one engine start-up) shows both.
+    8 samples per prompt and 64-token responses keep requests in flight across every sync."""
+    return run_fit(
+        tmp_path_factory.mktemp("static_keep"), "static_keep", model_dir, max_steps=6, trigger=1,
+        policy="static_fully_async", sync_mode=MODE, n=8, response_length=64, staleness=1.0,
+    )  # fmt: skip
+
+
+def test_static_fully_async_never_uses_the_hybrid_replica_and_skips_its_sync(static_keep_run: dict[str, Any]) -> None:
+    rep = static_keep_run
     assert not any(e["kind"] == "activate" for e in rep["switch_events"])
     assert all(r.get("hybrid-0", 0) == 0 for r in rep["routed"]), rep["routed"]
     rows = read_metrics(rep["root"])
     skipped = column(rows, M.HYBRID_SYNC_SKIPPED)
     assert len(skipped) >= 2 and all(v == 1.0 for v in skipped)  # each cycle skipped it: 1 per cycle, not a count
-    assert column(rows, M.HYBRID_SYNC_SKIPPED_TOTAL)[-1] == 3  # the running count: the start decision + 2 cycles
-    assert rep["hybrid_sync_skipped"] == 3  # the start decision + 2 cycles
+    assert column(rows, M.HYBRID_SYNC_SKIPPED_TOTAL)[-1] == 7  # the running count: the start decision + 6 cycles
+    assert rep["hybrid_sync_skipped"] == 7  # the start decision + 6 cycles (6 steps / trigger 1)
 
 
 def test_only_hybrid_colocated_mode_trains(model_dir: Path, tmp_path: Path) -> None:
@@ -300,14 +313,8 @@ def test_fsdp2_two_devices_with_overlap_early_and_staged_sync_wake_and_sync_hybr
     assert any(e["name"] == "weight_sync" and (e.get("args") or {}).get("overlap") == "hybrid" for e in spans)
 
 
-MODE = "keep"
-
-
-def test_keep_mode_standalone_syncs_abort_nothing_and_the_fit_trains(model_dir: Path, tmp_path: Path) -> None:
-    rep = run_fit(
-        tmp_path, "keep", model_dir, max_steps=6, trigger=1, policy="static_fully_async", sync_mode=MODE, n=8,
-        response_length=64, staleness=1.0,
-    )  # fmt: skip
+def test_keep_mode_standalone_syncs_abort_nothing_and_the_fit_trains(static_keep_run: dict[str, Any]) -> None:
+    rep = static_keep_run
     assert rep["global_step"] == 6 and rep["param_version"] == 6
     counters = rep["counters"]
     # static: no hybrid switch, no rebalance; the only aborts would be the syncs' (abort mode: every in-flight one)
