@@ -62,6 +62,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lightning_hybrid_rollout.schedule import policy_starting_ratio
+
 STATIC = "static_fully_async"
 #: The policies run by default: the baseline first.
 DEFAULT_POLICIES = (STATIC, "default", "rate_matched", "hysteresis_ratio")
@@ -481,7 +483,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--staleness", type=float, default=0.5)
     p.add_argument("--deactivate-ratio", type=float, default=0.3, help="starting ratio (all but hysteresis_ratio)")
     p.add_argument(
-        "--hysteresis-start-ratio", type=float, default=0.4, help="hysteresis_ratio's starting ratio (verl's 0.4)"
+        "--hysteresis-start-ratio",
+        type=float,
+        default=policy_starting_ratio("hysteresis_ratio"),
+        help="hysteresis_ratio's starting ratio (default: its own, verl's 0.4)",
     )
     p.add_argument(
         "--set",

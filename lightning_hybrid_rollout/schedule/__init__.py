@@ -42,6 +42,7 @@ from lightning_hybrid_rollout.schedule.base import (
     available_policies,
     create_policy,
     get_policy_class,
+    policy_starting_ratio,
     register_policy,
 )
 from lightning_hybrid_rollout.schedule.controller import (
@@ -80,5 +81,6 @@ __all__ = [
     "available_policies",
     "create_policy",
     "get_policy_class",
+    "policy_starting_ratio",
     "register_policy",
 ]

@@ -29,6 +29,7 @@ Example::
 from __future__ import annotations
 
 import importlib.metadata
+import inspect
 import logging
 import math
 import types
@@ -309,6 +310,25 @@ def available_policies() -> list[str]:
     """
     _load_entry_points()
     return sorted(_REGISTRY)
+
+
+def policy_starting_ratio(name: str) -> float | None:
+    """The ``deactivate_ratio`` the policy registered as ``name`` starts from when nobody sets it: its constructor's
+    default (``hysteresis_ratio``: 0.4, verl's ``switch_threshold_ratio``; the seed's policies: 0.3, the config's
+    default). None when its constructor has no numeric default for it. The planner and the benchmarks start a policy
+    there unless the user configured it.
+
+    Args:
+        name: A registered policy name.
+
+    Example::
+
+        assert (policy_starting_ratio("hysteresis_ratio"), policy_starting_ratio("default")) == (0.4, 0.3)
+    """
+    param = inspect.signature(get_policy_class(name).__init__).parameters.get("deactivate_ratio")
+    if param is None or isinstance(param.default, bool) or not isinstance(param.default, (int, float)):
+        return None
+    return float(param.default)
 
 
 def get_policy_class(name: str) -> type[DynamicSchedulePolicyBase]:

@@ -7,8 +7,10 @@ hybrid replica of ``h = hybrid_replica.devices``:
   without hybrid replicas (``static_T_S``, ``S >= d``) and with them (``dynamic_T_S_<policy>``, ``T`` a multiple
   of ``h``; ``S = 0`` only here: colocated, every device lent to rollout while the trainer waits);
 * **every registered policy** (:func:`~lightning_hybrid_rollout.schedule.available_policies`, entry points
-  included) for the runs with hybrid replicas, each with the scenario's ``dynamic_schedule_deactivate_ratio`` (and
-  its ``dynamic_schedule_policy_kwargs`` for the scenario's own policy only: another policy's signature differs);
+  included) for the runs with hybrid replicas: the scenario's own policy with its ``dynamic_schedule_deactivate_ratio``
+  and ``dynamic_schedule_policy_kwargs``, every other one as its authors start it
+  (:func:`~lightning_hybrid_rollout.schedule.policy_starting_ratio`: its constructor's ``deactivate_ratio`` default,
+  e.g. ``hysteresis_ratio``'s 0.4, verl's; no kwargs: another policy's signature differs);
 * **two sets of runtime options** (:data:`OPTION_SETS`) per split and policy, not their 2^5 combinations: ``seed``
   (the seed's sequencing: no ``overlap_sync``, no ``early_first_sync``, no staging, ``abort`` at the standalone
   sync, rebalance on; what a run without this package's runtime options gets) and ``all`` (``overlap_sync``,
@@ -50,7 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightning_hybrid_rollout.errors import HybridRolloutError, PlanError
-from lightning_hybrid_rollout.schedule import available_policies
+from lightning_hybrid_rollout.schedule import available_policies, policy_starting_ratio
 from lightning_hybrid_rollout.sim.results import RunResult
 from lightning_hybrid_rollout.sim.runner import run_once
 from lightning_hybrid_rollout.sim.scenario import RunSpec, Scenario
@@ -171,6 +173,7 @@ def candidate_runs(
     d, h = scenario.replica.devices, scenario.hybrid_model.devices
     own_policy = scenario.async_training.dynamic_schedule_policy
     own_kwargs = dict(scenario.async_training.dynamic_schedule_policy_kwargs)
+    own_ratio = scenario.async_training.dynamic_schedule_deactivate_ratio
     runs: list[RunSpec] = []
     for opts in sets:
         for s in range(d, devices, d):
@@ -183,11 +186,14 @@ def candidate_runs(
             if t < h or t % h:
                 continue
             for policy in names:
-                changes = {
+                changes: dict[str, Any] = {
                     "dynamic_schedule_policy": policy,
                     "dynamic_schedule_policy_kwargs": own_kwargs if policy == own_policy else {},
                     **opts.hybrid,
                 }
+                start = None if policy == own_policy else policy_starting_ratio(policy)
+                if start is not None and start != own_ratio:
+                    changes["dynamic_schedule_deactivate_ratio"] = start
                 runs.append(
                     RunSpec(f"dynamic_{t}_{s}_{policy}{opts.suffix}", t, s, hybrid=True, async_training=changes)
                 )

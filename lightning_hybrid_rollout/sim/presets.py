@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 
+from lightning_hybrid_rollout.schedule import policy_starting_ratio
 from lightning_hybrid_rollout.sim.scenario import Scenario
 
 __all__ = ["PRESETS", "get_preset", "preset_names"]
@@ -64,9 +65,11 @@ def _dynamic(name: str, train: int, rollout: int, policy: str, **async_training:
 
 
 def _verl_v1(train: int, rollout: int) -> dict:
-    """verl v1 ``separate_async``'s switch rule (``hysteresis_ratio``) with verl's starting ratio, 0.4: a baseline."""
+    """verl v1 ``separate_async``'s switch rule (``hysteresis_ratio``) from its own starting ratio (verl's 0.4,
+    :func:`~lightning_hybrid_rollout.schedule.policy_starting_ratio`): a baseline."""
+    start = policy_starting_ratio("hysteresis_ratio")
     return _dynamic(
-        "dynamic_hysteresis_ratio", train, rollout, "hysteresis_ratio", dynamic_schedule_deactivate_ratio=0.4
+        "dynamic_hysteresis_ratio", train, rollout, "hysteresis_ratio", dynamic_schedule_deactivate_ratio=start
     )
 
 

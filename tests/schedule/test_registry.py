@@ -19,6 +19,7 @@ from lightning_hybrid_rollout.schedule import (
     available_policies,
     create_policy,
     get_policy_class,
+    policy_starting_ratio,
     register_policy,
 )
 from lightning_hybrid_rollout.schedule.base import ENTRY_POINT_GROUP
@@ -231,3 +232,21 @@ def test_seed_style_subclass_without_super_init_works_and_checkpoints():
     policy.request_rebalance(1, DynamicScheduleContext())
     assert policy.state_dict() == {"deactivate_ratio": 0.5}
     assert "SeedStyle(deactivate_ratio=0.5" in repr(policy)
+
+
+def test_a_policy_starts_from_its_constructors_deactivate_ratio_default(isolated_registry):
+    class Eager(_Noop):
+        def __init__(self, deactivate_ratio: float = 0.55, only_hybrid: bool = False) -> None:
+            super().__init__(deactivate_ratio, only_hybrid)
+
+    class NoRatio(_Noop):
+        def __init__(self, **kwargs) -> None:
+            super().__init__(**kwargs)
+
+    register_policy("eager_for_test")(Eager)
+    register_policy("no_ratio_for_test")(NoRatio)
+    assert policy_starting_ratio("eager_for_test") == 0.55 == create_policy("eager_for_test").deactivate_ratio
+    assert policy_starting_ratio("no_ratio_for_test") is None
+    # verl v1's rule starts from verl's switch_threshold_ratio; the seed's policies from the config's default
+    assert policy_starting_ratio("hysteresis_ratio") == 0.4 == create_policy("hysteresis_ratio").deactivate_ratio
+    assert policy_starting_ratio("default") == 0.3

@@ -12,7 +12,7 @@ from lightning_hybrid_rollout.errors import HybridRolloutError, PlanError
 from lightning_hybrid_rollout.schedule import DynamicSchedulePolicyBase, available_policies
 from lightning_hybrid_rollout.schedule import base as registry
 from lightning_hybrid_rollout.sim.cli import plan_main
-from lightning_hybrid_rollout.sim.plan import OPTION_SETS, candidate_runs, plan, scale_sync
+from lightning_hybrid_rollout.sim.plan import OPTION_SETS, candidate_runs, plan, scale_sync, simulate_candidates
 
 from .conftest import tiny_scenario
 
@@ -221,3 +221,26 @@ def test_lhr_dispatches_plan():
     with pytest.raises(SystemExit) as exc:
         cli.main(["plan", "--preset", "nope", "--devices", "4"])
     assert exc.value.code == 2
+
+
+def _ratios(runs, policy: str) -> set:
+    return {r.async_training.get("dynamic_schedule_deactivate_ratio") for r in runs if r.policy == policy}
+
+
+def test_other_policies_start_from_their_own_ratio_the_scenarios_policy_from_the_scenarios():
+    at = {"mini_batch_size": 8, "trigger_parameter_sync_step": 2, "staleness_threshold": 0.5}
+    own_default = tiny_scenario(async_training={**at, "dynamic_schedule_deactivate_ratio": 0.2})
+    runs = candidate_runs(own_default, 2, policies=["default", "hysteresis_ratio"])
+    assert _ratios(runs, "default") == {None}  # no change: the scenario's own 0.2
+    assert _ratios(runs, "hysteresis_ratio") == {0.4}  # the policy's own start, verl's
+    # the simulator runs it from there: the ratio after the first cycle is 0.4 moved by at most one step
+    (spec,) = [r for r in runs if r.policy == "hysteresis_ratio" and r.train_devices == 1][:1]
+    (result,) = simulate_candidates(own_default, [spec])
+    assert result.steps[0]["sim/deactivate_ratio"] == pytest.approx(0.4, abs=0.05)
+
+    own_hysteresis = tiny_scenario(
+        async_training={**at, "dynamic_schedule_policy": "hysteresis_ratio", "dynamic_schedule_deactivate_ratio": 0.25}
+    )
+    runs = candidate_runs(own_hysteresis, 2, policies=["default", "hysteresis_ratio"])
+    assert _ratios(runs, "hysteresis_ratio") == {None}  # the user's own 0.25 stays
+    assert _ratios(runs, "default") == {0.3}  # the other policy from its own start
