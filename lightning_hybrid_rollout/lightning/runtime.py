@@ -228,7 +228,7 @@ class RolloutRuntime(RuntimeQueries):
         self.hybrid = [h for h in handles if h.role == "hybrid"]
         if self.hybrid:
             self.pool._all(lambda h: h.sleep())  # hybrid replicas start parked, outside the load balancer
-        self._describe_tracks(s_cores, h_cores)
+        self._describe_tracks(s_cores, h_cores, {h.replica_id: h.info.get("kv_cache_tokens") for h in handles})
         self.set_state([h.replica_id for h in self.standalone], "active")
         self.set_state([h.replica_id for h in self.hybrid], "parked")
         log.info(
@@ -544,16 +544,21 @@ class RolloutRuntime(RuntimeQueries):
         """``standalone-0`` -> ``replica/standalone_0``."""
         return "replica/" + replica_id.replace("-", "_")
 
-    def _describe_tracks(self, s_cores: list[list[int]], h_cores: list[list[int]]) -> None:
+    def _describe_tracks(
+        self, s_cores: list[list[int]], h_cores: list[list[int]], kv_tokens: dict[str, int | None]
+    ) -> None:
+        """Each replica track's kind, devices, concurrency and its engine's KV-cache capacity in tokens (what
+        ``lhr simulate --from-run`` fits ``kv_cache_tokens`` from; omitted when the engine did not report it)."""
         if self._trace is None:
             return
         cap = self.rollout.concurrent_samples_per_replica  # each replica's concurrency (lhr simulate --from-run)
-        for i, cores in enumerate(s_cores):
-            self._trace.describe_track(
-                self.trace_track(f"standalone-{i}"), kind="standalone", devices=cores, concurrency=cap
-            )
-        for i, cores in enumerate(h_cores):
-            self._trace.describe_track(self.trace_track(f"hybrid-{i}"), kind="hybrid", devices=cores, concurrency=cap)
+        for kind, all_cores in (("standalone", s_cores), ("hybrid", h_cores)):
+            for i, cores in enumerate(all_cores):
+                kv = kv_tokens.get(f"{kind}-{i}")
+                extra = {"kv_cache_tokens": kv} if kv else {}
+                self._trace.describe_track(
+                    self.trace_track(f"{kind}-{i}"), kind=kind, devices=cores, concurrency=cap, **extra
+                )
         self._trace.describe_track("trainer/trainer", kind="trainer", devices=sorted({c for h in h_cores for c in h}))
 
     def set_state(self, replica_ids: Sequence[str], state: str, t: float | None = None) -> None:

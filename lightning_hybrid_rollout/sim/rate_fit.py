@@ -88,15 +88,29 @@ def fit_decode_rates(
             )
         elif v is None:
             v = fit.default(f"{role.section}.tokens_per_s", template.tokens_per_s, f"the {kind} replicas never served")
-        fit.default(f"{role.section}.kv_cache_tokens", template.kv_cache_tokens)
         models[kind] = ReplicaModel(
             devices=devices,
             tokens_per_s=v,
             batch_slowdown=beta,
             concurrency=None,
-            kv_cache_tokens=template.kv_cache_tokens,
+            kv_cache_tokens=_kv_cache_tokens(role, fit),
         )
     return DecodeRates(models.get("standalone") or models["hybrid"], models.get("hybrid"), hybrid_assumed)
+
+
+def _kv_cache_tokens(role: _Role, fit: FitLog) -> float | None:
+    """The role's KV-cache capacity in tokens: the smallest its replica tracks describe (the runtime writes each
+    engine's blocks x block size), else the template's (default, not measured)."""
+    known = [float(i["kv_cache_tokens"]) for i in role.infos if i.get("kv_cache_tokens")]
+    if not known:
+        return fit.default(f"{role.section}.kv_cache_tokens", role.template.kv_cache_tokens)
+    return fit.add(
+        f"{role.section}.kv_cache_tokens",
+        min(known),
+        f"trace: replica/{role.kind}_* tracks' kv_cache_tokens (the engine's KV-cache blocks x block size; the "
+        "smallest replica's)",
+        values=known,
+    )
 
 
 def _measured_rate(

@@ -256,7 +256,8 @@ class RolloutWorld:
         self._counter_pending: dict[str, float] = {}
         if trace is not None:
             for r in self.replicas:
-                trace.describe_track(self.track(r), kind=r.kind, devices=r.devices, concurrency=r.cap)
+                kv = {} if r.model.kv_cache_tokens is None else {"kv_cache_tokens": r.model.kv_cache_tokens}
+                trace.describe_track(self.track(r), kind=r.kind, devices=r.devices, concurrency=r.cap, **kv)
 
     # ------------------------------------------------------------------------------------------- properties
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from typing import Any
 
@@ -125,11 +126,18 @@ def test_park_aborts_inflight_refuses_new_and_wakes(vllm_replicas, run_async) ->
     assert out["after"].finish_reason == "length" and len(out["after"].token_ids) == 4
 
 
-def test_health_and_checksum(vllm_replicas, run_async) -> None:
+def test_health_and_checksum(vllm_replicas, tiny_model_dir, run_async) -> None:
     async def go() -> list[tuple[dict[str, Any], str]]:
         return [(await r.health(), await r.weights_checksum()) for r in vllm_replicas]
 
+    # the KV cache the engine reports (lhr simulate --from-run fits kv_cache_tokens from it): K and V of every layer
+    # and KV head, float32, within the 64 MiB the replicas were given (kv_cache_memory_bytes), in whole blocks
+    model = json.loads((tiny_model_dir / "config.json").read_text())
+    head_dim = model.get("head_dim") or model["hidden_size"] // model["num_attention_heads"]
+    token_bytes = 2 * model["num_hidden_layers"] * model["num_key_value_heads"] * head_dim * 4
     for (h, checksum), r in zip(run_async(go()), vllm_replicas):
+        kv = h["kv_cache_tokens"]
+        assert isinstance(kv, int) and 0.5 * 64 * 2**20 <= kv * token_bytes <= 64 * 2**20, (kv, token_bytes)
         assert h["replica_id"] == r.replica_id and h["role"] == r.role
         assert h["state"] == "active" and h["inflight"] == 0
         assert h["checksum"] == checksum and checksum.startswith(("xxh3_128:", "blake2b128:"))

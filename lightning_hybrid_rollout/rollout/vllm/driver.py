@@ -65,6 +65,8 @@ class VLLMEngine(WeightUpdates):
         self.state: EngineState = "starting"
         self.llm: Any = None
         self.start_seconds = 0.0
+        #: The engine's KV-cache capacity in tokens (blocks x block size, as its core allocated it); None before start.
+        self.kv_cache_tokens: int | None = None
         self.engine_pid: int | None = None
         self._inflight: dict[str, int] = {}
         self._inflight_tokens: dict[str, int] = {}
@@ -125,6 +127,9 @@ class VLLMEngine(WeightUpdates):
             ) from e
         self.start_seconds = time.perf_counter() - t
         self.timings["engine_start_s"] = self.start_seconds
+        cache = self.llm.vllm_config.cache_config  # the engine core reported its KV cache at start-up
+        if cache.num_gpu_blocks and cache.block_size:
+            self.kv_cache_tokens = int(cache.num_gpu_blocks) * int(cache.block_size)
 
     async def _post_start(self) -> None:
         t = time.perf_counter()
@@ -368,7 +373,8 @@ class VLLMEngine(WeightUpdates):
 
     # ---- introspection --------------------------------------------------------------------------------------------
     async def health(self) -> dict[str, Any]:
-        """State, weight version, in-flight count, checksum, engine pid; raises if the vLLM engine died."""
+        """State, weight version, in-flight count, checksum, engine pid, KV-cache capacity in tokens; raises if the
+        vLLM engine died."""
         if self.llm is not None:
             await self.llm.check_health()
         return {
@@ -382,6 +388,7 @@ class VLLMEngine(WeightUpdates):
             "frontend_pid": os.getpid(),
             "tokens_generated": self._tokens_generated,
             "start_seconds": self.start_seconds,
+            "kv_cache_tokens": self.kv_cache_tokens,
             "timings": dict(self.timings),
             "last_update": dict(self.last_update_info),
         }
