@@ -148,8 +148,12 @@ class ReplicaSpec:
         env = dict(self.engine.process_env(on_cuda=self.gpus > 0))
         env["OMP_NUM_THREADS"] = str(max(1, self.cpus))
         env["RAY_DEDUP_LOGS"] = "0"
-        if self.engine.run_dir:
-            env["VLLM_CACHE_ROOT"] = os.path.join(self.engine.run_dir, "vllm-cache")
+        # vLLM's caches are shared between runs, as for any vLLM user: the user's VLLM_CACHE_ROOT, else vLLM's own
+        # default (~/.cache/vllm). A cache per run made every engine start re-inspect the model in a subprocess
+        # (vLLM's model-info cache: ~10 s of a core per start on this CPU); its entries are keyed by a hash of the
+        # model code and written atomically, so runs and replicas starting together share them safely.
+        if os.environ.get("VLLM_CACHE_ROOT"):
+            env["VLLM_CACHE_ROOT"] = os.environ["VLLM_CACHE_ROOT"]
         if self.cuda_devices is not None and self.gpus > 0:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in self.cuda_devices)
             env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"  # else Ray overwrites it with its own pick

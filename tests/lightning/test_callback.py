@@ -165,6 +165,10 @@ def test_dynamic_run_saves_its_settings_and_the_simulator_fit_reads_them_back(dy
         assert getattr(fit.scenario.async_training, key) == at[key], key
     assert fit.scenario.runs[0].policy == "default"
     assert fit.scenario.group_size == saved["rollout"]["n"]
+    # each engine's KV cache, as the runtime described its replica track
+    for section in ("replica", "hybrid_replica"):
+        kv = fit.parameter(f"{section}.kv_cache_tokens")
+        assert kv.measured and kv.value > 0, (section, kv.source)
 
 
 def test_wandb_offline_run_contains_the_metrics(dynamic_run: dict[str, Any]) -> None:

@@ -29,6 +29,17 @@ def test_round_robin_cores() -> None:
     assert round_robin_cores(0, 4, [0, 1]) == [0, 1]  # more cores asked than exist: all of them
 
 
+def test_engines_share_vllms_cache_between_runs_instead_of_one_per_run(tmp_path, monkeypatch) -> None:
+    from lightning_hybrid_rollout.rollout.replica import ReplicaSpec
+    from lightning_hybrid_rollout.rollout.vllm.config import VLLMEngineConfig
+
+    spec = ReplicaSpec("s0", "standalone", VLLMEngineConfig(model="m", run_dir=str(tmp_path / "run")))
+    monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
+    assert "VLLM_CACHE_ROOT" not in spec.actor_env()  # vLLM's own default, ~/.cache/vllm
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "cache"))
+    assert spec.actor_env()["VLLM_CACHE_ROOT"] == str(tmp_path / "cache")  # the user's, on every node
+
+
 def test_replica_dead_error_is_picklable_and_named() -> None:
     import pickle
 

@@ -110,7 +110,6 @@ class VLLMEngine(WeightUpdates):
         os.environ.update(cfg.process_env())
         run_dir = Path(cfg.run_dir) if cfg.run_dir else Path(tempfile.gettempdir()) / "lhr-vllm"
         run_dir.mkdir(parents=True, exist_ok=True)
-        os.environ.setdefault("VLLM_CACHE_ROOT", str(run_dir / "vllm-cache"))
         self._tmp_dir = short_tmp_dir(run_dir / "tmp" / uuid.uuid4().hex[:8])  # this engine's; removed at shutdown
         os.environ["TMPDIR"] = str(self._tmp_dir)
         tempfile.tempdir = None  # re-read TMPDIR
