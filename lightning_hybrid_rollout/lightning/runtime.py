@@ -545,7 +545,7 @@ class RolloutRuntime(RuntimeQueries):
         return "replica/" + replica_id.replace("-", "_")
 
     def _describe_tracks(
-        self, s_cores: list[list[int]], h_cores: list[list[int]], kv_tokens: dict[str, int | None]
+        self, s_cores: list[list[int]], h_cores: list[list[int]], kv_tokens: dict[str, int | None] | None = None
     ) -> None:
         """Each replica track's kind, devices, concurrency and its engine's KV-cache capacity in tokens (what
         ``lhr simulate --from-run`` fits ``kv_cache_tokens`` from; omitted when the engine did not report it)."""
@@ -554,7 +554,7 @@ class RolloutRuntime(RuntimeQueries):
         cap = self.rollout.concurrent_samples_per_replica  # each replica's concurrency (lhr simulate --from-run)
         for kind, all_cores in (("standalone", s_cores), ("hybrid", h_cores)):
             for i, cores in enumerate(all_cores):
-                kv = kv_tokens.get(f"{kind}-{i}")
+                kv = (kv_tokens or {}).get(f"{kind}-{i}")
                 extra = {"kv_cache_tokens": kv} if kv else {}
                 self._trace.describe_track(
                     self.trace_track(f"{kind}-{i}"), kind=kind, devices=cores, concurrency=cap, **extra

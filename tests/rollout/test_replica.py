@@ -65,13 +65,25 @@ def test_parked_engine_leaves_its_core_idle(vllm_replicas, run_async) -> None:
     window = 2.0
 
     async def busy_then_parked() -> tuple[float, float, float]:
-        # busy: generate continuously for one window
+        # busy: generate continuously for the whole window (8 workers, each starting its next request as soon as
+        # one ends: a fixed set of requests can finish before the window does on a fast, quiet machine)
         spec = SamplingSpec(max_tokens=480, temperature=1.0, ignore_eos=True)
-        gen = [asyncio.ensure_future(r1.generate(f"busy-{i}", [1, 5, 6], spec)) for i in range(8)]
+        stop = False
+
+        async def worker(i: int) -> None:
+            n = 0
+            while not stop:
+                result = await r1.generate(f"busy-{i}-{n}", [1, 5, 6], spec)
+                n += 1
+                if result.finish_reason == "abort":
+                    return
+
+        gen = [asyncio.ensure_future(worker(i)) for i in range(8)]
         await asyncio.sleep(0.5)
         c0 = await r1.cpu_seconds()
         await asyncio.sleep(window)
         c1 = await r1.cpu_seconds()
+        stop = True
         sleep_s = await r1.sleep()  # aborts the busy requests
         await asyncio.gather(*gen)
         await asyncio.sleep(0.3)

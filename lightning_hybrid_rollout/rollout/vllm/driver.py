@@ -126,8 +126,9 @@ class VLLMEngine(WeightUpdates):
             ) from e
         self.start_seconds = time.perf_counter() - t
         self.timings["engine_start_s"] = self.start_seconds
-        cache = self.llm.vllm_config.cache_config  # the engine core reported its KV cache at start-up
-        if cache.num_gpu_blocks and cache.block_size:
+        # the engine core reported its KV cache at start-up (absent on a stand-in engine)
+        cache = getattr(getattr(self.llm, "vllm_config", None), "cache_config", None)
+        if getattr(cache, "num_gpu_blocks", None) and getattr(cache, "block_size", None):
             self.kv_cache_tokens = int(cache.num_gpu_blocks) * int(cache.block_size)
 
     async def _post_start(self) -> None:
