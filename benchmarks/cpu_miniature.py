@@ -64,6 +64,9 @@ from typing import Any
 
 from lightning_hybrid_rollout.schedule import policy_starting_ratio
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, also when loaded by file path (tests)
+from machine_speed import MachineSpeedProbe
+
 STATIC = "static_fully_async"
 #: The policies run by default: the baseline first.
 DEFAULT_POLICIES = (STATIC, "default", "rate_matched", "hysteresis_ratio")
@@ -376,7 +379,9 @@ def _run_one(
     env.setdefault("PYTHONUNBUFFERED", "1")
     t0 = time.monotonic()
     loads: list[float] = []
-    with open(root / "worker.log", "w") as log:
+    trained: list[float] = []  # monotonic times the loop saw training start and end
+    probe = MachineSpeedProbe(cores=sorted(os.sched_getaffinity(0))[:2])
+    with open(root / "worker.log", "w") as log, probe:
         proc = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--worker", str(spec_path)],
             stdout=log,
@@ -392,7 +397,10 @@ def _run_one(
                     break
                 if (root / "train_started").exists() and not (root / "train_ended").exists():
                     loads.append(os.getloadavg()[0])
-                time.sleep(2.0)
+                    trained[:1] = trained[:1] or [time.monotonic()]
+                elif trained and len(trained) == 1 and (root / "train_ended").exists():
+                    trained.append(time.monotonic())
+                time.sleep(1.0)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -405,6 +413,12 @@ def _run_one(
     report = json.loads((root / "report.json").read_text())
     summary = _summarize(root, report)
     summary["load_mean"] = statistics.fmean(loads) if loads else os.getloadavg()[0]
+    window = (trained[0], trained[1] if len(trained) > 1 else None) if trained else (None, None)
+    summary["probe_ms"] = {core: probe.unit_ms(core, *window) for core in probe.cores}
+    summary["probe_ms_mean"] = probe.mean_unit_ms(*window)
+    (root / "machine_speed.json").write_text(
+        json.dumps({"unit_ms": summary["probe_ms"], "unit_ms_mean": summary["probe_ms_mean"], "samples": probe.samples})
+    )
     return summary, total_s
 
 
@@ -439,6 +453,9 @@ def _line(tag: str, s: dict[str, Any], total_s: float) -> str:
         )
     cycle_s = sec("HybridRolloutCallback._log_cycle") + sec("HybridRolloutCallback._emit_cycle")
     detail += f", cycle metrics {cycle_s:.1f} s, weight gather {sec('HybridRolloutCallback._gather_weights'):.1f} s"
+    if s.get("probe_ms_mean") is not None:
+        cores = ", ".join(f"core {c} {ms:.2f}" for c, ms in s["probe_ms"].items() if ms is not None)
+        detail += f" | machine speed probe {s['probe_ms_mean']:.2f} ms/unit while training ({cores})"
     return "\n".join([head, detail, *(f"{'':<24} {line}" for line in s["bound_lines"])])
 
 
@@ -587,6 +604,15 @@ def _report(policies: list[str], results: dict[str, list[dict[str, Any]]], speed
             f"{d_mean - s_mean:+.3f} vs static, {verdict} (2 x combined s.e. {noise:.3f}"
             + (f", static run-to-run spread {spread:.3f})" if len(static) > 1 else ")")
         )
+        speeds = [(s.get("probe_ms_mean"), d.get("probe_ms_mean")) for s, d in zip(static, results[pol])]
+        if all(a and b for a, b in speeds):
+            # the dynamic run's wall on the static run's machine: divided by how much slower its cores ran
+            equal = [r * b / a for r, (a, b) in zip(ratios, speeds)]
+            print(
+                f"{pol}: at equal machine speed (each pair's walls scaled by its probe times, information) "
+                f"{statistics.median(equal):.2f} (per repeat: {', '.join(f'{x:.2f}' for x in equal)}; probe "
+                f"dynamic / static: {', '.join(f'{b / a:.2f}' for a, b in speeds)})"
+            )
     measured = [(r["efficiency"], pol) for pol in policies for r in results[pol] if r.get("efficiency") is not None]
     if measured:
         best, best_policy = max(measured)

@@ -42,6 +42,12 @@ their calibrated values. The corrected error (and the speedup predicted from the
 much of a raw error is the model's and how much the machine's: what is left of it is what the model gets wrong on a
 machine that held its speed. Per round, then the medians over the rounds.
 
+Machine-speed-probe-corrected errors (information only, counted nowhere): ``cpu_miniature`` runs an independent probe
+around every run (``benchmarks/machine_speed.py``: a fixed unit of pure-Python work timed by its own CPU time on each
+core, ~0.1% of a core) and writes its median while the run trained to the run dir's ``machine_speed.json``. Where both
+runs of a round have one, each cross prediction is also re-simulated at the probe's speed ratio (training and decoding
+alike, :func:`machine_corrected`), which reads nothing of the target run at all; a line per round and the medians.
+
 Rates across the swap (``sim/calibrate.py``): a static run never sees its hybrid replica serve, so the hybrid rate
 is assumed ``hybrid_speed_ratio`` (default 0.73, ``--hybrid-speed-ratio``) × the standalone rate; the standalone
 replica serves ``standalone_speed_with_hybrid`` (default 1.0, ``--standalone-speed-with-hybrid``) as fast in a run
@@ -83,6 +89,7 @@ from __future__ import annotations
 import argparse
 import csv
 import importlib.util
+import json
 import re
 import statistics
 import sys
@@ -231,6 +238,15 @@ class Prediction:
     #: ``version_lag_mean``): information, counted in no error figure.
     real_lag: float = float("nan")
     predicted_lag: float = float("nan")
+    #: The prediction re-simulated at the machine speed the independent probe saw (``benchmarks/machine_speed.py``:
+    #: its time per work unit during the calibration run / during the target run, for training and decoding alike);
+    #: information, counted nowhere; None without both runs' probe readings.
+    probe_corrected_s: float | None = None
+
+    @property
+    def probe_corrected_error(self) -> float | None:
+        """``probe_corrected / real - 1`` (signed; information), None without a probe-corrected prediction."""
+        return None if self.probe_corrected_s is None else self.probe_corrected_s / self.real_s - 1.0
 
     @property
     def relative_error(self) -> float:
@@ -257,6 +273,19 @@ class Comparison:
     measured_hybrid_ratio: float = float("nan")
     hybrid_speed_ratio: float = HYBRID_SPEED_RATIO
     standalone_speed_with_hybrid: float = STANDALONE_SPEED_WITH_HYBRID
+    #: How fast the independent probe found the machine in the dynamic run against the static one (None: unknown).
+    machine_probe: float | None = None
+
+    def probe_line(self) -> str | None:
+        """The independent probe's machine speed and the cross predictions re-simulated at it (information)."""
+        rows = [p for p in self.predictions if p.probe_corrected_s is not None]
+        if self.machine_probe is None or not rows:
+            return None
+        return (
+            f"machine-speed probe (benchmarks/machine_speed.py, reads nothing of the runs), dynamic / static run: "
+            f"{self.machine_probe:.2f}x; cross predictions re-simulated at it (information, not counted): "
+            + ", ".join(f"{p.run} from {p.calibrated_from} {p.probe_corrected_error:+.1%}" for p in rows)
+        )
 
     @property
     def speedup_error(self) -> float:
@@ -467,6 +496,8 @@ class Rounds:
             out += c.table(indent="  ")
             out.append("  " + c.drift_line())
             out.append("  " + c.corrected_line())
+            if (probe := c.probe_line()) is not None:
+                out.append("  " + probe)
             out.append(
                 f"  speedup: real {c.real_speedup:.3f}, predicted {c.predicted_speedup:.3f}, error "
                 f"{c.speedup_error:.3f}; this round's worst wall error {c.worst_relative_error:.3f}"
@@ -500,6 +531,19 @@ class Rounds:
             )
         )
         out += self.corrected_lines(width)
+        probed = [
+            [abs(e) for _, c in self.rounds if (e := c.predictions[i].probe_corrected_error) is not None]
+            for i in range(len(self.predictions))
+        ]
+        if any(len(errors) == n for errors in probed):
+            out.append(
+                "machine-speed-probe-corrected median |error| (information, not counted): "
+                + ", ".join(
+                    f"{p.run} from {p.calibrated_from} {statistics.median(errors):.1%}"
+                    for p, errors in zip(self.predictions, probed)
+                    if len(errors) == n
+                )
+            )
         out.append(
             "speedup per round, real / predicted (|error|): "
             + ", ".join(
@@ -559,6 +603,9 @@ def compare(
     static_corrected = simulated_wall(machine_corrected(static_scenario, 1.0 / training, 1.0 / machine_decode))
 
     rho = from_dynamic.parameter("hybrid_replica.tokens_per_s").value / from_dynamic.scenario.replica.tokens_per_s
+    probe = machine_probe(static_dir, dynamic_dir)
+    dynamic_probed = None if probe is None else simulated_wall(machine_corrected(dynamic_scenario, probe, probe))
+    static_probed = None if probe is None else simulated_wall(machine_corrected(static_scenario, 1 / probe, 1 / probe))
     return Comparison(
         predictions=[
             Prediction(
@@ -575,6 +622,7 @@ def compare(
                 real_dynamic,
                 dynamic_pred,
                 corrected_s=dynamic_corrected,
+                probe_corrected_s=dynamic_probed,
                 real_lag=lag_dynamic,
                 predicted_lag=dynamic_pred_lag,
             ),
@@ -584,6 +632,7 @@ def compare(
                 real_static,
                 static_pred,
                 corrected_s=static_corrected,
+                probe_corrected_s=static_probed,
                 real_lag=lag_static,
                 predicted_lag=static_pred_lag,
             ),
@@ -604,7 +653,22 @@ def compare(
         measured_hybrid_ratio=rho,
         hybrid_speed_ratio=hybrid_speed_ratio,
         standalone_speed_with_hybrid=standalone_speed_with_hybrid,
+        machine_probe=probe,
     )
+
+
+def machine_probe(static_dir: Path, dynamic_dir: Path) -> float | None:
+    """How fast the machine ran in the dynamic run against the static one by the independent probe
+    (``cpu_miniature`` writes each run's ``machine_speed.json``): the static run's median time per work unit over the
+    dynamic run's; None when either run has no reading."""
+    times = []
+    for run_dir in (static_dir, dynamic_dir):
+        path = run_dir / "machine_speed.json"
+        value = json.loads(path.read_text()).get("unit_ms_mean") if path.exists() else None
+        if not value:
+            return None
+        times.append(float(value))
+    return times[0] / times[1]
 
 
 def find_rounds(out: str | Path) -> list[tuple[str, Path, Path]]:

@@ -306,3 +306,30 @@ def test_the_predicted_version_lag_is_the_real_runs_within_a_tenth_of_a_version(
                 assert abs(p.predicted_lag - p.real_lag) < 0.1, (p.run, p.calibrated_from, p.predicted_lag, p.real_lag)
     lines = comparison.table()
     assert lines[0].split()[-2:] == ["lag", "real/pred"]
+
+
+def _probe(run_dir: Path, unit_ms: float) -> None:
+    (run_dir / "machine_speed.json").write_text(json.dumps({"unit_ms": {}, "unit_ms_mean": unit_ms, "samples": []}))
+
+
+def test_the_probe_corrected_predictions_follow_the_independent_machine_speed_probe(tmp_path, capsys):
+    bench = _bench()
+    static_dir, dynamic_dir = _copy_pair(tmp_path)
+    base = bench.compare(static_dir, dynamic_dir)  # no probe readings: no probe line, nothing corrected
+    assert base.machine_probe is None and base.probe_line() is None
+    assert all(p.probe_corrected_s is None for p in base.predictions)
+
+    _probe(static_dir, 2.0)
+    _probe(dynamic_dir, 2.5)  # the probe's unit took longer: the machine ran 0.8x as fast in the dynamic run
+    probed = bench.compare(static_dir, dynamic_dir)
+    assert probed.machine_probe == pytest.approx(0.8)
+    dynamic, static = probed.predictions[1], probed.predictions[2]
+    # on a slower machine the dynamic run is predicted slower; the static run, from the slow run, faster
+    assert dynamic.probe_corrected_s > dynamic.predicted_s * 1.05
+    assert static.probe_corrected_s < static.predicted_s / 1.05
+    assert probed.predictions[0].probe_corrected_s is None  # its own fit: nothing to correct
+    # the counted figures stay the raw ones
+    assert probed.worst_relative_error == pytest.approx(base.worst_relative_error)
+    assert "machine-speed probe" in probed.probe_line() and "0.80x" in probed.probe_line()
+    bench.main(["--reuse", str(static_dir), str(dynamic_dir)])
+    assert "0.80x" not in capsys.readouterr().out.splitlines()[-1]
