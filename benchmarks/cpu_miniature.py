@@ -379,7 +379,8 @@ def _run_one(
     env.setdefault("PYTHONUNBUFFERED", "1")
     t0 = time.monotonic()
     loads: list[float] = []
-    trained: list[float] = []  # monotonic times the loop saw training start and end
+    train_start: float | None = None  # monotonic times the loop first saw training start and end
+    train_end: float | None = None
     probe = MachineSpeedProbe(cores=sorted(os.sched_getaffinity(0))[:2])
     with open(root / "worker.log", "w") as log, probe:
         proc = subprocess.Popen(
@@ -397,9 +398,9 @@ def _run_one(
                     break
                 if (root / "train_started").exists() and not (root / "train_ended").exists():
                     loads.append(os.getloadavg()[0])
-                    trained[:1] = trained[:1] or [time.monotonic()]
-                elif trained and len(trained) == 1 and (root / "train_ended").exists():
-                    trained.append(time.monotonic())
+                    train_start = train_start or time.monotonic()
+                elif train_start is not None and train_end is None and (root / "train_ended").exists():
+                    train_end = time.monotonic()
                 time.sleep(1.0)
         finally:
             if proc.poll() is None:
@@ -413,9 +414,8 @@ def _run_one(
     report = json.loads((root / "report.json").read_text())
     summary = _summarize(root, report)
     summary["load_mean"] = statistics.fmean(loads) if loads else os.getloadavg()[0]
-    window = (trained[0], trained[1] if len(trained) > 1 else None) if trained else (None, None)
-    summary["probe_ms"] = {core: probe.unit_ms(core, *window) for core in probe.cores}
-    summary["probe_ms_mean"] = probe.mean_unit_ms(*window)
+    summary["probe_ms"] = {core: probe.unit_ms(core, train_start, train_end) for core in probe.cores}
+    summary["probe_ms_mean"] = probe.mean_unit_ms(train_start, train_end)
     (root / "machine_speed.json").write_text(
         json.dumps({"unit_ms": summary["probe_ms"], "unit_ms_mean": summary["probe_ms_mean"], "samples": probe.samples})
     )

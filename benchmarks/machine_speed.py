@@ -73,12 +73,18 @@ class MachineSpeedProbe:
         for t in self._threads:
             t.join()
 
-    def unit_ms(self, core: int, start: float | None = None, end: float | None = None) -> float | None:
-        """Median milliseconds per unit on ``core`` between two ``time.monotonic()`` readings (None: no sample)."""
-        xs = [
-            s for t, c, s in self.samples if c == core and (start is None or t >= start) and (end is None or t <= end)
+    def readings_ms(self, core: int, start: float | None = None, end: float | None = None) -> list[float]:
+        """Milliseconds per unit on ``core`` of the units started in ``[start, end)`` (``time.monotonic()``)."""
+        return [
+            1000 * s
+            for t, c, s in self.samples
+            if c == core and (start is None or t >= start) and (end is None or t < end)
         ]
-        return 1000 * statistics.median(xs) if xs else None
+
+    def unit_ms(self, core: int, start: float | None = None, end: float | None = None) -> float | None:
+        """Median milliseconds per unit on ``core`` in ``[start, end)`` (None: no sample)."""
+        xs = self.readings_ms(core, start, end)
+        return statistics.median(xs) if xs else None
 
     def mean_unit_ms(self, start: float | None = None, end: float | None = None) -> float | None:
         """The cores' medians averaged (None: no sample)."""
@@ -101,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
         lo, hi = t0 + k * args.window, t0 + (k + 1) * args.window
         cells = []
         for core in probe.cores:
-            xs = [1000 * s for t, c, s in probe.samples if c == core and lo <= t < hi]
+            xs = probe.readings_ms(core, lo, hi)
             if xs:
                 medians.append(statistics.median(xs))
                 cells.append(f"core {core} {statistics.median(xs):.2f} ms ({min(xs):.2f}-{max(xs):.2f})")
