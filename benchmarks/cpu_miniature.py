@@ -210,7 +210,7 @@ def _worker(spec_path: str) -> None:
         devices=1,
         strategy="hybrid_single_device",
         max_steps=spec["steps"],
-        gradient_clip_val=1.0,
+        gradient_clip_val=None if spec.get("micro_batch_size") else 1.0,  # manual optimisation clips in the module
         logger=CSVLogger(save_dir=str(root), name="", version=""),
         callbacks=[recorder, hybrid_cb],  # recorder first: its clock starts before the initial activation
         log_every_n_steps=1,
@@ -219,7 +219,13 @@ def _worker(spec_path: str) -> None:
         enable_checkpointing=False,
         default_root_dir=str(root),
     )
-    module = GRPOModule(model_path=spec["model_dir"], lr=spec["lr"], filter_groups=spec["filter_groups"])
+    module = GRPOModule(
+        model_path=spec["model_dir"],
+        lr=spec["lr"],
+        filter_groups=spec["filter_groups"],
+        micro_batch_size=spec.get("micro_batch_size"),
+        grad_clip=1.0 if spec.get("micro_batch_size") else None,
+    )
     trainer.fit(module, datamodule=RolloutDataModule())
     report = {
         "train_wall_s": recorder.t_end - recorder.t_start,
@@ -368,6 +374,7 @@ def _run_one(
         "staleness": args.staleness,
         "trigger": args.trigger,
         "mini_batch": args.mini_batch,
+        "micro_batch_size": args.micro_batch_size or None,
         "task": args.task,
         "task_kwargs": _task_kwargs(args),
         "lr": args.lr,
@@ -496,6 +503,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompt-length", type=int, default=32)
     p.add_argument("--n", type=int, default=8, help="samples per prompt (GRPO group size)")
     p.add_argument("--mini-batch", type=int, default=256, help="samples per optimizer step")
+    p.add_argument(
+        "--micro-batch-size",
+        type=int,
+        default=0,
+        help="rows per forward/backward in the trainer (gradient accumulation; 0: the whole mini-batch at once)",
+    )
     p.add_argument("--trigger", type=int, default=4, help="optimizer steps per weight sync")
     p.add_argument("--staleness", type=float, default=0.5)
     p.add_argument("--deactivate-ratio", type=float, default=0.3, help="starting ratio (all but hysteresis_ratio)")

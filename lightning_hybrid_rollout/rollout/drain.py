@@ -51,6 +51,9 @@ class RequestProgress:
         first_token_s: When the first output arrived (None: not yet).
         first_tokens: Tokens generated at ``first_token_s`` (the rate counts the tokens after them).
         finish_reason: The engine's finish reason once the request ended (None while running).
+        submitted_s: When the request was submitted. Where no output was observed before the current one (an engine
+            that delivers a request's output only at its end, read for progress on demand), the rate counts from
+            here: an under-estimate by the prefill and queueing time, so a drain keeps fewer requests, never more.
     """
 
     max_tokens: int
@@ -59,6 +62,7 @@ class RequestProgress:
     first_token_s: float | None = None
     first_tokens: int = 0
     finish_reason: str | None = None
+    submitted_s: float | None = None
 
     def observe(self, tokens: int, now: float, finish_reason: str | None = None) -> None:
         """Record an output: ``tokens`` generated in total at ``now``, and the finish reason if it ended."""
@@ -69,10 +73,13 @@ class RequestProgress:
             self.finish_reason = finish_reason
 
     def rate(self, now: float) -> float | None:
-        """Measured decode rate (tokens/s since the first token), or None before a second output."""
-        if self.first_token_s is None or self.tokens <= self.first_tokens or now <= self.first_token_s:
-            return None
-        return (self.tokens - self.first_tokens) / (now - self.first_token_s)
+        """Measured decode rate (tokens/s since the first token; since submission when the first observation is the
+        only one), or None without tokens to count."""
+        if self.first_token_s is not None and self.tokens > self.first_tokens and now > self.first_token_s:
+            return (self.tokens - self.first_tokens) / (now - self.first_token_s)
+        if self.submitted_s is not None and self.tokens > 0 and now > self.submitted_s:
+            return self.tokens / (now - self.submitted_s)
+        return None
 
     def seconds_to_finish(self, now: float) -> float:
         """Estimated seconds until ``max_tokens`` is reached at the measured rate (``inf`` without a rate)."""

@@ -105,6 +105,23 @@ def test_split_keeps_only_requests_whose_measured_rate_finishes_them_within_the_
     assert drain_deadline_s(0.0) == 0.0 and 0.15 < drain_deadline_s(0.15) < 0.25
 
 
+def test_a_request_read_once_is_rated_from_its_submission_an_under_estimate_that_keeps_fewer() -> None:
+    # an engine that delivers outputs only at the end: the drain reads each request's tokens once, at its start
+    read_once = RequestProgress(max_tokens=100, prompt_tokens=5, submitted_s=10.0)
+    read_once.observe(90, 11.0)  # 90 tokens since submission: >= 90 tokens/s, 10 left: <= 0.11 s
+    unsubmitted = RequestProgress(max_tokens=100, prompt_tokens=5)
+    unsubmitted.observe(90, 11.0)  # one reading, no submission time: no rate
+    assert read_once.rate(11.0) == pytest.approx(90.0)
+    assert read_once.seconds_to_finish(11.0) == pytest.approx(10 / 90)
+    assert unsubmitted.rate(11.0) is None
+    streamed = RequestProgress(max_tokens=100, prompt_tokens=5, submitted_s=0.0)
+    streamed.observe(1, 10.0)
+    streamed.observe(91, 11.0)  # two readings: the rate counts from the first one, not from the submission
+    assert streamed.rate(11.0) == pytest.approx(90.0)
+    progress = {"read_once": read_once, "unsubmitted": unsubmitted}
+    assert split_by_finish(progress, 11.0, 0.15) == (["read_once"], ["unsubmitted"])
+
+
 def test_report_counts_drained_aborted_and_reprefill_tokens() -> None:
     done, cut = RequestProgress(10, prompt_tokens=4), RequestProgress(50, prompt_tokens=6)
     done.observe(10, 1.0, "length")

@@ -102,6 +102,28 @@ def test_abort_returns_partial_tokens(vllm_replicas, run_async) -> None:
     assert other.finish_reason in ("stop", "length") and other.token_ids
 
 
+def test_each_request_delivers_one_output_at_its_end_while_progress_stays_readable(vllm_replicas, run_async) -> None:
+    """The frontend hands over one output per request (not one per token: that cost ~25% more frontend CPU per
+    token), yet the tokens of running requests stay visible (health, drain and keep-mode splits read them)."""
+    r0 = vllm_replicas[0]
+    long_spec = SamplingSpec(max_tokens=480, temperature=1.0, seed=3, ignore_eos=True)
+    short_spec = SamplingSpec(max_tokens=24, temperature=1.0, seed=4, ignore_eos=True)
+
+    async def go() -> tuple[dict[str, Any], list[Any], Any, dict[str, Any]]:
+        before = await r0.health()
+        long = asyncio.ensure_future(r0.generate("one-output-long", PROMPTS[0], long_spec))
+        await _wait_generating(r0)  # progress is readable while the request runs
+        short = await asyncio.gather(*(r0.generate(f"one-output-{i}", PROMPTS[1], short_spec) for i in range(3)))
+        await r0.abort(["one-output-long"])
+        return before, short, await long, await r0.health()
+
+    before, short, long, after = run_async(go())
+    assert all(len(r.token_ids) == 24 and len(r.logprobs) == 24 for r in short)
+    assert all(math.isfinite(lp) for r in short for lp in r.logprobs)
+    assert long.finish_reason == "abort" and 8 < len(long.token_ids) == len(long.logprobs)
+    assert after["outputs_received"] - before["outputs_received"] == 4  # 3 short + the aborted one: one each
+
+
 def test_park_aborts_inflight_refuses_new_and_wakes(vllm_replicas, run_async) -> None:
     r1 = vllm_replicas[1]
     spec = SamplingSpec(max_tokens=480, temperature=1.0, seed=2, ignore_eos=True)

@@ -1,0 +1,60 @@
+"""The vLLM driver's bookkeeping without an engine: logprob extraction and aborts that race the submission."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from types import SimpleNamespace
+
+from vllm.logprobs import FlatLogprobs, Logprob
+
+from lightning_hybrid_rollout.rollout.vllm.config import VLLMEngineConfig
+from lightning_hybrid_rollout.rollout.vllm.driver import VLLMEngine, sampled_logprobs
+
+
+def test_sampled_logprobs_reads_the_sampled_token_of_each_position_flat_or_nested() -> None:
+    flat = FlatLogprobs()
+    flat.append({7: Logprob(-0.5, rank=1)})
+    flat.append({3: Logprob(-2.0, rank=4), 9: Logprob(-0.1, rank=1)})  # the sampled token need not come first
+    assert sampled_logprobs(flat, [7, 9]) == [-0.5, -0.1]
+    nested = [{7: Logprob(-0.5)}, {9: Logprob(-0.1)}]
+    assert sampled_logprobs(nested, [7, 9]) == [-0.5, -0.1]
+    missing = sampled_logprobs(flat, [7, 9, 11])  # the engine gave no entry for the third token
+    assert missing[:2] == [-0.5, -0.1] and math.isnan(missing[2])
+    assert all(math.isnan(x) for x in sampled_logprobs(None, [1, 2]))
+
+
+class _FakeLLM:
+    """vLLM's ``AsyncLLM`` as the driver's abort path sees it: ``abort`` and the frontend's request registry."""
+
+    def __init__(self) -> None:
+        self.output_processor = SimpleNamespace(external_req_ids={}, request_states={})
+        self.aborts: list[list[str]] = []
+
+    async def abort(self, request_ids: list[str]) -> None:
+        self.aborts.append(list(request_ids))
+
+
+def test_an_abort_that_arrives_before_vllm_knows_the_request_is_repeated_once_vllm_knows_it() -> None:
+    engine = VLLMEngine(VLLMEngineConfig(model="unused", abort_timeout_s=5.0), "r0")
+    llm = engine.llm = _FakeLLM()
+
+    async def go() -> None:
+        engine._inflight["early"] = 0  # submitted by generate(), not registered in vLLM yet
+        engine._inflight["known"] = 0
+        llm.output_processor.external_req_ids["known"] = ["known-internal"]
+        await engine.abort(["early", "known"])
+        assert llm.aborts == [["early", "known"]]  # vLLM ignored "early": it did not know it
+        await asyncio.sleep(0.02)
+        assert llm.aborts == [["early", "known"]]  # nothing to repeat until vLLM registers it
+        llm.output_processor.external_req_ids["early"] = ["early-internal"]
+        for _ in range(100):
+            if len(llm.aborts) > 1:
+                break
+            await asyncio.sleep(0.005)
+        assert llm.aborts == [["early", "known"], ["early"]]
+        engine._inflight.clear()
+        await asyncio.sleep(0.01)
+        assert not engine._late_aborts  # the watcher ended with the requests
+
+    asyncio.run(go())
