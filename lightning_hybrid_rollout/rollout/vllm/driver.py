@@ -194,6 +194,8 @@ class VLLMEngine(WeightUpdates):
             return
         self._ready.set()
         self.state = "stopped"
+        for task in list(self._late_aborts):
+            task.cancel()
         llm, self.llm = self.llm, None
         with contextlib.suppress(Exception):
             await asyncio.to_thread(llm.shutdown, timeout)
@@ -330,7 +332,7 @@ class VLLMEngine(WeightUpdates):
     async def _abort_when_known(self, request_ids: list[str]) -> None:
         waiting = set(request_ids)
         deadline = time.monotonic() + self.config.abort_timeout_s
-        while waiting and time.monotonic() < deadline:
+        while waiting and time.monotonic() < deadline and self.llm is not None:
             waiting &= self._inflight.keys()
             known = [r for r in waiting if self._known_to_vllm(r)]
             if known:

@@ -58,3 +58,20 @@ def test_an_abort_that_arrives_before_vllm_knows_the_request_is_repeated_once_vl
         assert not engine._late_aborts  # the watcher ended with the requests
 
     asyncio.run(go())
+
+
+def test_a_pending_late_abort_ends_with_the_engine_s_shutdown() -> None:
+    engine = VLLMEngine(VLLMEngineConfig(model="unused", abort_timeout_s=30.0), "r0")
+    llm = engine.llm = _FakeLLM()
+    llm.shutdown = lambda timeout: None  # type: ignore[attr-defined]
+
+    async def go() -> None:
+        engine._inflight["early"] = 0  # vLLM never registers it: the watcher would wait for abort_timeout_s
+        await engine.abort(["early"])
+        (watcher,) = engine._late_aborts
+        await engine.shutdown()
+        await asyncio.sleep(0.01)
+        assert watcher.done() and not engine._late_aborts and engine.llm is None
+        assert watcher.cancelled() or watcher.exception() is None  # ended, not crashed on the closed engine
+
+    asyncio.run(go())
