@@ -111,8 +111,13 @@ def test_the_prompt_streams_position_is_checkpointed_with_the_groups_it_produced
     ro2.load_state_dict(state)
     assert stream2.next_index == stream.next_index
     got = list(first)
+
+    def contiguous() -> bool:  # groups finish out of order: the last ones may be delivered before a pending one
+        seen = {s.metadata["index"] for s in got}
+        return seen == set(range(len(seen)))
+
     with ro2:
-        while len(got) < 60:
+        while len(got) < 60 or (not contiguous() and len(got) < 300):  # a skipped prompt never closes the gap
             got.extend(queue2.get_batch(3, timeout=10))
             ro2.reset_staleness()
     indices = sorted({s.metadata["index"] for s in got})
