@@ -175,6 +175,7 @@ def _worker(spec_path: str) -> None:
             (root / "train_ended").touch()
 
     pl.seed_everything(spec["seed"], workers=True, verbose=False)
+    micro_batch_size = spec.get("micro_batch_size")  # None: whole mini-batches (automatic optimisation)
     hybrid_cb = HybridRolloutCallback(
         rollout=RolloutConfig(
             model_path=spec["model_dir"],
@@ -210,7 +211,7 @@ def _worker(spec_path: str) -> None:
         devices=1,
         strategy="hybrid_single_device",
         max_steps=spec["steps"],
-        gradient_clip_val=None if spec.get("micro_batch_size") else 1.0,  # manual optimisation clips in the module
+        gradient_clip_val=None if micro_batch_size else 1.0,  # manual optimisation clips in the module
         logger=CSVLogger(save_dir=str(root), name="", version=""),
         callbacks=[recorder, hybrid_cb],  # recorder first: its clock starts before the initial activation
         log_every_n_steps=1,
@@ -223,8 +224,8 @@ def _worker(spec_path: str) -> None:
         model_path=spec["model_dir"],
         lr=spec["lr"],
         filter_groups=spec["filter_groups"],
-        micro_batch_size=spec.get("micro_batch_size"),
-        grad_clip=1.0 if spec.get("micro_batch_size") else None,
+        micro_batch_size=micro_batch_size,
+        grad_clip=1.0 if micro_batch_size else None,
     )
     trainer.fit(module, datamodule=RolloutDataModule())
     report = {

@@ -319,22 +319,18 @@ class VLLMEngine(WeightUpdates):
         """Abort ``request_ids`` in vLLM; one that vLLM does not know yet (its submission still on the way) is
         aborted as soon as it knows it, by a task that ends when all of them ended."""
         await self.llm.abort(request_ids)
-        early = [r for r in request_ids if r in self._inflight and not self._known_to_vllm(r)]
+        early = [r for r in request_ids if r in self._inflight and self._request_state(r) is None]
         if early:
             task = asyncio.get_running_loop().create_task(self._abort_when_known(early))
             self._late_aborts.add(task)
             task.add_done_callback(self._late_aborts.discard)
-
-    def _known_to_vllm(self, request_id: str) -> bool:
-        processor = getattr(self.llm, "output_processor", None)
-        return processor is None or bool(processor.external_req_ids.get(request_id))
 
     async def _abort_when_known(self, request_ids: list[str]) -> None:
         waiting = set(request_ids)
         deadline = time.monotonic() + self.config.abort_timeout_s
         while waiting and time.monotonic() < deadline and self.llm is not None:
             waiting &= self._inflight.keys()
-            known = [r for r in waiting if self._known_to_vllm(r)]
+            known = [r for r in waiting if self._request_state(r) is not None]
             if known:
                 await self.llm.abort(known)
                 waiting.difference_update(known)
@@ -384,17 +380,25 @@ class VLLMEngine(WeightUpdates):
         for rid in self._inflight:
             self._version_splits.setdefault(rid, []).append((self._generated_tokens(rid), version))
 
-    def _generated_tokens(self, request_id: str) -> int:
-        """Tokens ``request_id`` has generated so far, as vLLM's frontend has received them (its request state: the
-        request's output is delivered only at its end); 0 for a request vLLM does not know (yet, or any more)."""
+    def _request_state(self, request_id: str) -> Any | None:
+        """vLLM's frontend state of ``request_id`` (its output processor's ``RequestState``), or None while vLLM does
+        not know the request (its submission still on the way, or it ended)."""
         processor = getattr(self.llm, "output_processor", None)
         if processor is None:
-            return 0
+            return None
         for internal_id in processor.external_req_ids.get(request_id, ()):
             state = processor.request_states.get(internal_id)
-            if state is not None and state.detokenizer is not None:
-                return int(state.detokenizer.num_output_tokens())
-        return 0
+            if state is not None:
+                return state
+        return None
+
+    def _generated_tokens(self, request_id: str) -> int:
+        """Tokens ``request_id`` has generated so far, as vLLM's frontend has received them (the request's output is
+        delivered only at its end); 0 for a request vLLM does not know."""
+        state = self._request_state(request_id)
+        if state is None or state.detokenizer is None:
+            return 0
+        return int(state.detokenizer.num_output_tokens())
 
     def _tokens_in_flight(self) -> dict[str, int]:
         """:meth:`_generated_tokens` of every in-flight request."""

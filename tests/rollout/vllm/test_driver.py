@@ -34,6 +34,11 @@ class _FakeLLM:
     async def abort(self, request_ids: list[str]) -> None:
         self.aborts.append(list(request_ids))
 
+    def register(self, request_id: str) -> None:
+        """What vLLM's ``add_request`` does in its frontend: an internal id and that id's state."""
+        self.output_processor.external_req_ids[request_id] = [f"{request_id}-internal"]
+        self.output_processor.request_states[f"{request_id}-internal"] = SimpleNamespace(detokenizer=None)
+
 
 def test_an_abort_that_arrives_before_vllm_knows_the_request_is_repeated_once_vllm_knows_it() -> None:
     engine = VLLMEngine(VLLMEngineConfig(model="unused", abort_timeout_s=5.0), "r0")
@@ -42,12 +47,12 @@ def test_an_abort_that_arrives_before_vllm_knows_the_request_is_repeated_once_vl
     async def go() -> None:
         engine._inflight["early"] = 0  # submitted by generate(), not registered in vLLM yet
         engine._inflight["known"] = 0
-        llm.output_processor.external_req_ids["known"] = ["known-internal"]
+        llm.register("known")
         await engine.abort(["early", "known"])
         assert llm.aborts == [["early", "known"]]  # vLLM ignored "early": it did not know it
         await asyncio.sleep(0.02)
         assert llm.aborts == [["early", "known"]]  # nothing to repeat until vLLM registers it
-        llm.output_processor.external_req_ids["early"] = ["early-internal"]
+        llm.register("early")
         for _ in range(100):
             if len(llm.aborts) > 1:
                 break
