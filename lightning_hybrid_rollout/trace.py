@@ -30,6 +30,10 @@ Tracks are named ``"group/name"``: the group becomes a trace *process*, the name
   ``standalone`` or ``hybrid``: the tokens the role's replicas decoded and the seconds it was serving, from the
   rollouter's role windows). A real run's balance bound is computed from them
   (:mod:`lightning_hybrid_rollout.run_bound`).
+* counter :data:`GENERATED_TOKENS` ``.<replica>`` (``replica``: the track's name, ``generated_tokens.standalone_0``):
+  the tokens a standalone replica has generated so far (finished and in flight), read from the replica at each
+  boundary of the trainer's ``training`` spans; ``lhr simulate --from-run`` fits from it how fast the standalone
+  replicas decode while the trainer trains (``replica.speed_while_training``).
 * per-step metrics: one instant event ("i") :data:`STEP_METRICS` on the trainer track per sync cycle, with
   ``args = {"step": n, "<metric name>": value, ...}`` (the ``dynamic_resource/*`` names of
   :mod:`lightning_hybrid_rollout.metrics`), plus one counter per metric so Perfetto draws them as tracks.
@@ -65,6 +69,7 @@ from typing import Any
 
 __all__ = [
     "DECODED_TOKENS",
+    "GENERATED_TOKENS",
     "IN_FLIGHT",
     "QUEUE_DEPTH",
     "REPLICA_STATES",
@@ -107,6 +112,9 @@ TRAINED_TOKENS_SQ = "trained_tokens_sq"
 TRAINED_PROMPT_TOKENS = "trained_prompt_tokens"
 #: Counter prefix (running total, ``decoded_tokens.<role>``): tokens a replica role decoded (aborted segments included).
 DECODED_TOKENS = "decoded_tokens"
+#: Counter prefix (running total, ``generated_tokens.<replica>``): tokens one standalone replica generated so far
+#: (finished and in flight), sampled at the trainer's ``training`` span boundaries.
+GENERATED_TOKENS = "generated_tokens"
 #: Counter prefix (running total, ``serving_s.<role>``): seconds a replica role was serving (routable, not syncing).
 SERVING_S = "serving_s"
 

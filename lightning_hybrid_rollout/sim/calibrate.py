@@ -16,7 +16,9 @@ What is read from where (docs/simulator.md, "Calibrating from a real run"):
   counted window (the trainer's first span to the last cycle's end), ``m`` from the ``in_flight`` counter (held at
   its first value before its first sample), or at ``m = cap`` without one; ``batch_slowdown`` not measured. A run
   whose hybrid replicas never served (a static run) gets ``hybrid_replica.tokens_per_s`` = ``hybrid_speed_ratio``
-  (:data:`HYBRID_SPEED_RATIO`, an assumption) × the standalone one;
+  (:data:`HYBRID_SPEED_RATIO`, an assumption) × the standalone one; ``replica.speed_while_training``: the standalone
+  replicas' ``generated_tokens.<replica>`` counters (read at the trainer's ``training`` span boundaries), their rate
+  inside those spans over the rate outside (``tokens_per_s`` is then the rate outside);
 * the trainer: ``training`` spans × devices over the trained tokens (``trained_tokens`` + ``trained_samples`` ×
   ``prompt_tokens``) per cycle; ``step_overhead_s``: the trainer track's time outside its spans (Lightning's loop,
   logging, the cycle's bookkeeping) per training span;

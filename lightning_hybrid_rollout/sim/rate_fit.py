@@ -6,10 +6,18 @@ cycle; ``tokens_per_s`` is that throughput over the model's ``X(m) / tokens_per_
 averaged over the role's ``active`` spans inside the counted window (:func:`occupancy`, ``m`` from the ``in_flight``
 counter), or at ``m = cap`` without one. Hybrid replicas that never served (a static run) get ``hybrid_speed_ratio``
 × the standalone rate: an assumption.
+
+``replica.speed_while_training`` comes from the standalone replicas' ``generated_tokens.<replica>`` counters, which
+the runtime reads at every boundary of the trainer's ``training`` spans: each replica's tokens inside those spans over
+the seconds it served in them, against the same outside them (the replica's ``active`` spans, the counters
+interpolated linearly). ``replica.tokens_per_s`` then is the rate outside the training spans (the running totals'
+average, which mixes both, divided by ``1 − f + r·f``, ``f`` the served share inside them, ``r`` the ratio). A run
+without those counters keeps the default 1.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,7 +26,15 @@ from typing import Any
 from lightning_hybrid_rollout.sim.calibration import FitLog
 from lightning_hybrid_rollout.sim.run_reading import Cycle, device_count
 from lightning_hybrid_rollout.sim.scenario import ReplicaModel
-from lightning_hybrid_rollout.trace import DECODED_TOKENS, IN_FLIGHT, SERVING_S, TraceData
+from lightning_hybrid_rollout.trace import (
+    DECODED_TOKENS,
+    GENERATED_TOKENS,
+    IN_FLIGHT,
+    SERVING_S,
+    TRAINER_TRACK,
+    Counter,
+    TraceData,
+)
 
 __all__ = ["DecodeRates", "fit_decode_rates", "occupancy"]
 
@@ -76,7 +92,10 @@ def fit_decode_rates(
             )
         fit.add(f"{role.section}.devices", devices, f"trace: replica/{kind}_* tracks' devices", observations=len(infos))
         beta = fit.default(f"{role.section}.batch_slowdown", template.batch_slowdown)
-        v = _measured_rate(trace, cycles, role, cap, beta, window, fit)
+        slowdown, inside_share = 1.0, 0.0
+        if kind == "standalone":
+            slowdown, inside_share = _fit_speed_while_training(trace, role, window, template, fit)
+        v = _measured_rate(trace, cycles, role, cap, beta, window, fit, 1.0 - inside_share + slowdown * inside_share)
         if v is None and kind == "hybrid" and "standalone" in models:
             v = hybrid_speed_ratio * models["standalone"].tokens_per_s
             hybrid_assumed = hybrid_speed_ratio
@@ -94,6 +113,7 @@ def fit_decode_rates(
             batch_slowdown=beta,
             concurrency=None,
             kv_cache_tokens=_kv_cache_tokens(role, fit),
+            speed_while_training=slowdown if kind == "standalone" else template.speed_while_training,
         )
     return DecodeRates(models.get("standalone") or models["hybrid"], models.get("hybrid"), hybrid_assumed)
 
@@ -121,9 +141,11 @@ def _measured_rate(
     beta: float,
     window: tuple[float, float],
     fit: FitLog,
+    mix: float = 1.0,
 ) -> float | None:
     """The role's ``tokens_per_s`` from its running totals (recorded in ``fit`` with its throughput and mean
-    concurrency), or None when its replicas never served."""
+    concurrency), or None when its replicas never served. ``mix``: the totals' average speed over the speed outside
+    the trainer's ``training`` spans (``1 − f + r·f``, see the module doc); the rate returned is the latter."""
     kind, section, n = role.kind, role.section, len(role.infos)
     per_cycle = [c.decoded[kind] / c.serving[kind] / n for c in cycles if c.serving[kind] > 0 and c.decoded[kind] > 0]
     tokens = sum(c.decoded[kind] for c in cycles)
@@ -131,6 +153,8 @@ def _measured_rate(
     if not (per_cycle and serving > 0):
         return None
     x = tokens / serving / n
+    outside = "" if mix == 1.0 else f", over {mix:.4g} (the speed outside the training spans)"
+    tokens /= mix
     fit.add(
         f"info.{kind}_tokens_per_s_per_replica",
         x,
@@ -151,18 +175,86 @@ def _measured_rate(
             f"{section}.tokens_per_s",
             tokens / weighted_s,
             f"trace: {DECODED_TOKENS}.{kind} / ({SERVING_S}.{kind} x replicas x the mean m/(1+b(m-1)) over "
-            f"their active spans), m from {IN_FLIGHT} (batch_slowdown {beta:g})",
+            f"their active spans), m from {IN_FLIGHT} (batch_slowdown {beta:g}){outside}",
             [p * tokens / weighted_s / x for p in per_cycle],
         )
-    scale = cap / (1.0 + beta * (cap - 1))  # X(cap) / tokens_per_s
+    scale = cap / (1.0 + beta * (cap - 1)) * mix  # X(cap) / tokens_per_s
     return fit.add(
         f"{section}.tokens_per_s",
         x / scale,
         f"trace: that throughput / {scale:.4g} (the model's X(cap)/v at cap {cap}, "
         f"batch_slowdown {beta:g}; "
-        f"no {IN_FLIGHT} counter: replicas assumed full)",
+        f"no {IN_FLIGHT} counter: replicas assumed full{outside})",
         [p / scale for p in per_cycle],
     )
+
+
+def _fit_speed_while_training(
+    trace: TraceData, role: _Role, window: tuple[float, float], template: ReplicaModel, fit: FitLog
+) -> tuple[float, float]:
+    """``(replica.speed_while_training, the served share inside training spans)`` from the standalone replicas'
+    ``generated_tokens`` counters (see the module doc); the template's value and 0 without them."""
+    lo, hi = window
+    training = [
+        (max(s.start_s, lo), min(s.end_s, hi))
+        for s in trace.spans_of(TRAINER_TRACK)
+        if s.name == "training" and min(s.end_s, hi) > max(s.start_s, lo)
+    ]
+    name = f"{role.section}.speed_while_training"
+    tok_in = s_in = tok_all = s_all = 0.0
+    per_span: list[tuple[float, float]] = []  # (tokens, served seconds) of each training span, all replicas
+    tracks = 0
+    for track, info in trace.tracks.items():
+        if not track.startswith("replica/") or info.get("kind") != role.kind:
+            continue
+        series = trace.counter_series(f"{GENERATED_TOKENS}.{track.removeprefix('replica/')}")
+        if len(series) < 4:
+            continue
+        first, last = max(series[0].t, lo), min(series[-1].t, hi)
+        active = [
+            (max(s.start_s, first), min(s.end_s, last))
+            for s in trace.spans_of(track)
+            if s.name == "active" and min(s.end_s, last) > max(s.start_s, first)
+        ]
+        if not active:
+            continue
+        tracks += 1
+        tok_all += _tokens_at(series, last) - _tokens_at(series, first)
+        s_all += sum(b - a for a, b in active)
+        for a, b in training:
+            a, b = max(a, first), min(b, last)
+            served = sum(max(0.0, min(b, y) - max(a, x)) for x, y in active)
+            if served <= 0:
+                continue
+            tokens = _tokens_at(series, b) - _tokens_at(series, a)
+            tok_in += tokens
+            s_in += served
+            per_span.append((tokens, served))
+    s_out, tok_out = s_all - s_in, tok_all - tok_in
+    if not (tracks and s_in > 0 and s_out > 0 and tok_out > 0 and len(per_span) >= 2):
+        fit.default(name, template.speed_while_training, f"no {GENERATED_TOKENS}.<replica> counters in the trace")
+        return template.speed_while_training, 0.0
+    rate_out = tok_out / s_out
+    ratio = tok_in / s_in / rate_out
+    fit.add(
+        name,
+        ratio,
+        f"trace: {GENERATED_TOKENS}.<replica> counters of {tracks} {role.kind} replica(s): tokens per served second "
+        f"inside the trainer's training spans over the same outside them ({s_in:.1f} s of {s_all:.1f} s inside)",
+        [t / s / rate_out for t, s in per_span],
+    )
+    return ratio, s_in / s_all
+
+
+def _tokens_at(series: Sequence[Counter], t: float) -> float:
+    """The counter ``series`` (sorted by time) linearly interpolated at ``t`` (held flat outside its samples)."""
+    i = bisect.bisect_left(series, t, key=lambda c: c.t)
+    if i == 0:
+        return series[0].value
+    if i == len(series):
+        return series[-1].value
+    a, b = series[i - 1], series[i]
+    return b.value if b.t <= a.t else a.value + (b.value - a.value) * (t - a.t) / (b.t - a.t)
 
 
 def occupancy(

@@ -56,6 +56,7 @@ from lightning_hybrid_rollout.sim.scenario import RunSpec, Scenario
 from lightning_hybrid_rollout.sim.world import ProductionWindow, RolloutWorld, SimSample, SimulationError
 from lightning_hybrid_rollout.trace import (
     DECODED_TOKENS,
+    GENERATED_TOKENS,
     SERVING_S,
     TRAINED_SAMPLES,
     TRAINED_TOKENS,
@@ -343,7 +344,11 @@ class _Run:
                 train_s = self._train_seconds(batch)
                 ledger.add_batch(waited, q0, len(batch), sum(s.length for s in batch))
                 t0 = w.now
+                w.set_trainer_training(True)
+                self._trace_generated()
                 w.advance_to(t0 + train_s)
+                self._trace_generated()
+                w.set_trainer_training(False)
                 ledger.add_compute(train_s)
                 self.trained_any = True
                 self.trained.extend(batch)
@@ -419,6 +424,16 @@ class _Run:
         if self.trace is not None:
             self._trace_totals()
             self.trace.step_metrics(step, self.world.now, out)
+
+    def _trace_generated(self) -> None:
+        """Each standalone replica's tokens so far (``generated_tokens.<replica>``), as the runtime reads them at the
+        boundaries of the trainer's ``training`` spans."""
+        w, tw = self.world, self.trace
+        if tw is None:
+            return
+        for r in w.standalone:
+            r.advance(w.now)
+            tw.counter(f"{GENERATED_TOKENS}.{r.name}", w.now, r.tokens)
 
     def _trace_totals(self) -> None:
         """The runtime's running totals at a cycle's end (``trained_*``, ``decoded_tokens.<role>``, ``serving_s.*``)."""

@@ -205,6 +205,9 @@ class ReplicaModel:
         batch_slowdown: ``beta`` above (0 = ideal: throughput linear in concurrency).
         concurrency: ``cap``; None = the scenario's ``concurrent_samples_per_replica``.
         kv_cache_tokens: KV-cache capacity in tokens of context (None = unlimited).
+        speed_while_training: The fraction of its speed the replica keeps while the trainer trains (1 = unaffected,
+            as on separate GPUs; a CPU host where the training shares the memory and caches measures ~0.8-0.9).
+            ``lhr simulate --from-run`` fits it from the standalone replicas' ``generated_tokens`` counters.
     """
 
     devices: int = 4
@@ -212,6 +215,7 @@ class ReplicaModel:
     batch_slowdown: float = 0.02
     concurrency: int | None = None
     kv_cache_tokens: float | None = None
+    speed_while_training: float = 1.0
 
     def __post_init__(self) -> None:
         self.devices = _int(self.devices, "replica.devices", minimum=1)
@@ -221,6 +225,7 @@ class ReplicaModel:
             self.concurrency = _int(self.concurrency, "replica.concurrency", minimum=1)
         if self.kv_cache_tokens is not None:
             self.kv_cache_tokens = _num(self.kv_cache_tokens, "replica.kv_cache_tokens", strict=True)
+        self.speed_while_training = _num(self.speed_while_training, "replica.speed_while_training", strict=True)
 
     def run_limit(self, cap: int, context_tokens: float) -> int:
         """Samples that decode at once: ``cap``, or fewer if their KV cache (``context_tokens`` each) does not fit."""

@@ -108,6 +108,7 @@ class SimReplica:
     heap: list[tuple[float, int, int]] = field(default_factory=list)
     state_since: float = 0.0
     limit: int = 0
+    slowdown: float = 1.0  # the fraction of its speed it keeps now (``model.speed_while_training`` while training)
     _speed: float = -1.0  # cached speed(); -1 = stale (invalidate with touch())
 
     @property
@@ -123,7 +124,7 @@ class SimReplica:
         if not self.serving or n == 0:
             self._speed = 0.0
         else:
-            self._speed = self.model.throughput(n, self.limit or self.cap) / n
+            self._speed = self.model.throughput(n, self.limit or self.cap) * self.slowdown / n
         return self._speed
 
     def touch(self) -> None:
@@ -318,7 +319,7 @@ class RolloutWorld:
             kind = r.kind
             if r.serving:
                 limit = r.limit or r.cap
-                x = r.model.throughput(len(r.members), limit)
+                x = r.model.throughput(len(r.members), limit) * r.slowdown
                 short = (r.model.throughput(limit, limit) - x) * dt / unit
                 acc[kind + "_decoded"] = acc.get(kind + "_decoded", 0.0) + x * dt / unit
                 key = kind + ("_below_peak_throttled" if self._throttled and kind == "standalone" else "_below_peak")
@@ -326,6 +327,16 @@ class RolloutWorld:
             elif kind == "standalone":
                 key = "standalone_" + r.state
                 acc[key] = acc.get(key, 0.0) + r.model.devices * dt
+
+    def set_trainer_training(self, training: bool) -> None:
+        """The trainer starts (``True``) or ends a training step now: every replica decodes at
+        ``model.speed_while_training`` of its speed meanwhile (progress so far is kept at the old speed)."""
+        for r in self.replicas:
+            factor = r.model.speed_while_training if training else 1.0
+            if factor != r.slowdown:
+                r.advance(self.now)
+                r.slowdown = factor
+                r.touch()
 
     def advance_to(self, t: float) -> None:
         """Process every completion up to ``t``, then set the clock to ``t``.

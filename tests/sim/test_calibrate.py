@@ -43,7 +43,13 @@ def _generating() -> Scenario:
             "async_training": {"mini_batch_size": 32, "trigger_parameter_sync_step": 2, "staleness_threshold": 0.5},
             "concurrent_samples_per_replica": 4,
             "lengths": {"mean_tokens": 3000, "sigma": 0.1, "max_tokens": 50000, "drift_per_step": 0.05},
-            "replica": {"devices": 1, "tokens_per_s": 40.0, "batch_slowdown": 0.05, "kv_cache_tokens": 200000},
+            "replica": {
+                "devices": 1,
+                "tokens_per_s": 40.0,
+                "batch_slowdown": 0.05,
+                "kv_cache_tokens": 200000,
+                "speed_while_training": 0.85,
+            },
             "hybrid_replica": {"devices": 1, "tokens_per_s": 25.0, "batch_slowdown": 0.05, "kv_cache_tokens": 90000},
             "trainer": {"device_s_per_token": 0.0003},
             "switch": {
@@ -93,6 +99,7 @@ def _at(data: dict[str, Any], name: str) -> Any:
 #: What the simulator's trace measures (each must come back within 5%).
 MEASURED = (
     "replica.tokens_per_s",
+    "replica.speed_while_training",
     "hybrid_replica.tokens_per_s",
     "trainer.device_s_per_token",
     "lengths.mean_tokens",

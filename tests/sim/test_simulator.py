@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from lightning_hybrid_rollout.sim import BREAKDOWN_KEYS, Scenario, SwitchCosts, simulate
 from lightning_hybrid_rollout.sim.runner import GAP_KEYS, run_once
+from lightning_hybrid_rollout.trace import load_trace
 
 from .conftest import dynamic_run, tiny_scenario
 
@@ -50,6 +51,34 @@ def test_simulation_is_deterministic(tiny):
     a = run_once(tiny, "dynamic_rate_matched")
     b = run_once(tiny, "dynamic_rate_matched")
     assert a.time_s == b.time_s and a.breakdown_s == b.breakdown_s
+
+
+def test_replicas_slowed_while_the_trainer_trains_decode_less_in_training_spans_and_the_run_takes_longer(tmp_path):
+    replica = {"devices": 1, "tokens_per_s": 40.0, "batch_slowdown": 0.05}
+    full = run_once(tiny_scenario(replica=replica), "static_2_2")
+    slowed = tiny_scenario(replica={**replica, "speed_while_training": 0.6})
+    trace_path = tmp_path / "slowed.json"
+    result = run_once(slowed, "static_2_2", trace_path=trace_path)
+    assert result.time_s > full.time_s * 1.01
+    trace = load_trace(trace_path)
+    tokens = trace.counter_series("generated_tokens.standalone_0")
+    spans = [s for s in trace.spans_of("trainer/trainer") if s.name == "training"]
+
+    def at(t: float) -> float:  # the sample written at a span's boundary
+        nearest = min(tokens, key=lambda c: abs(c.t - t))
+        assert abs(nearest.t - t) < 1e-3
+        return nearest.value
+
+    # a full replica (4 in flight) decodes X(4) = 4 x 40 / (1 + 0.05 x 3) tokens/s; inside the spans at most 0.6 of
+    # that (a few spans start with fewer samples in flight)
+    inside = sum(at(s.end_s) - at(s.start_s) for s in spans) / sum(s.end_s - s.start_s for s in spans)
+    full_rate = 4 * 40.0 / (1 + 0.05 * 3)
+    assert 0.5 * full_rate < inside <= 0.6 * full_rate * 1.001
+
+
+def test_a_replica_must_keep_some_speed_while_the_trainer_trains():
+    with pytest.raises(ValueError, match="speed_while_training"):
+        tiny_scenario(replica={"devices": 1, "tokens_per_s": 40.0, "speed_while_training": 0})
 
 
 _POLICIES = st.sampled_from(["default", "rate_matched", "fixed_ratio", "static_fully_async"])
