@@ -51,7 +51,10 @@ alike, :func:`machine_corrected`), which reads nothing of the target run at all;
 Rates across the swap (``sim/calibrate.py``): a static run never sees its hybrid replica serve, so the hybrid rate
 is assumed ``hybrid_speed_ratio`` (default 0.73, ``--hybrid-speed-ratio``) × the standalone rate; the standalone
 replica serves ``standalone_speed_with_hybrid`` (default 1.0, ``--standalone-speed-with-hybrid``) as fast in a run
-whose hybrid replica serves as in one where it never does, converted both ways (below 1 where they contend).
+whose hybrid replica serves as in one where it never does, converted both ways (below 1 where they contend). How
+much slower the standalone replica decodes while the trainer trains (``replica.speed_while_training``) is measured by
+each calibration run itself (the runtime reads the replica's generated tokens at every training span's boundary) and
+printed per round; the simulator applies it in both runs alike.
 
 Wall times compare like with like: the real one is the trainer's traced wall of the run's ``trace.json`` (its first
 ``trainer/trainer`` span to its last: what ``cpu_miniature`` prints as ``traced wall`` and divides the bound by);
@@ -275,6 +278,16 @@ class Comparison:
     standalone_speed_with_hybrid: float = STANDALONE_SPEED_WITH_HYBRID
     #: How fast the independent probe found the machine in the dynamic run against the static one (None: unknown).
     machine_probe: float | None = None
+    #: ``replica.speed_while_training`` fitted from the static run and from the dynamic run (1.0: not measured).
+    speed_while_training: tuple[float, float] = (1.0, 1.0)
+
+    def training_line(self) -> str:
+        """The standalone replica's speed while the trainer trains, as each run's calibration fitted it."""
+        a, b = self.speed_while_training
+        return (
+            f"standalone replica's speed while the trainer trains (replica.speed_while_training, fitted): "
+            f"{STATIC} run {a:.3f}, {DYNAMIC} run {b:.3f}"
+        )
 
     def probe_line(self) -> str | None:
         """The independent probe's machine speed and the cross predictions re-simulated at it (information)."""
@@ -362,6 +375,7 @@ class Comparison:
             *self.table(),
             WALL_NOTE,
             self.assumed_line(),
+            self.training_line(),
             self.drift_line(),
             self.corrected_line(),
             f"speedup ({STATIC} / {DYNAMIC}): real {self.real_speedup:.3f}, predicted {self.predicted_speedup:.3f} "
@@ -494,6 +508,7 @@ class Rounds:
         for label, c in self.rounds:
             out.append(f"round {label}: {STATIC}_{label} and {DYNAMIC}_{label} (run one after the other)")
             out += c.table(indent="  ")
+            out.append("  " + c.training_line())
             out.append("  " + c.drift_line())
             out.append("  " + c.corrected_line())
             if (probe := c.probe_line()) is not None:
@@ -654,6 +669,10 @@ def compare(
         hybrid_speed_ratio=hybrid_speed_ratio,
         standalone_speed_with_hybrid=standalone_speed_with_hybrid,
         machine_probe=probe,
+        speed_while_training=(
+            from_static.scenario.replica.speed_while_training,
+            from_dynamic.scenario.replica.speed_while_training,
+        ),
     )
 
 
