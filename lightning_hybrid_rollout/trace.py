@@ -33,7 +33,8 @@ Tracks are named ``"group/name"``: the group becomes a trace *process*, the name
 * counter :data:`GENERATED_TOKENS` ``.<replica>`` (``replica``: the track's name, ``generated_tokens.standalone_0``):
   the tokens a standalone replica has generated so far (finished and in flight), read from the replica at each
   boundary of the trainer's ``training`` spans; ``lhr simulate --from-run`` fits from it how fast the standalone
-  replicas decode while the trainer trains (``replica.speed_while_training``).
+  replicas decode while the trainer trains (``replica.speed_while_training``); beside it ``in_flight.<replica>``, the
+  replica's requests in flight at that moment.
 * per-step metrics: one instant event ("i") :data:`STEP_METRICS` on the trainer track per sync cycle, with
   ``args = {"step": n, "<metric name>": value, ...}`` (the ``dynamic_resource/*`` names of
   :mod:`lightning_hybrid_rollout.metrics`), plus one counter per metric so Perfetto draws them as tracks.

@@ -564,6 +564,7 @@ class HybridRolloutCallback(Callback):
         queue_before = rt.queue_size()
         self._wait_queue(n)
         samples = rt.take_samples(n, timeout=self.async_training.wait_timeout_s)
+        rt.probe_decode_progress()  # training starts: the standalone replicas' tokens so far (returns at once)
         waited = self._clock() - t0
         self._step.fetch_s = waited
         hybrid_on = bool(self._controller is not None and self._controller.is_hybrid_active)
@@ -580,6 +581,7 @@ class HybridRolloutCallback(Callback):
         step_s = self._clock() - step.start
         if trainer.is_global_zero:
             self._ledger.add_compute(max(0.0, step_s - step.fetch_s))
+            self._runtime.probe_decode_progress()  # training ends (returns at once)
             self._runtime.trace_phase("training", step.start + step.fetch_s, self._clock())
             assert self._report is not None
             self._report.log_step(pl_module, self.samples_consumed)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from lightning_hybrid_rollout.config import AsyncTrainingConfig, RolloutConfig
 from lightning_hybrid_rollout.errors import ReplicaFailureError, WeightSyncError
+from lightning_hybrid_rollout.lightning.decode_probe import DecodeProgressProbe
 from lightning_hybrid_rollout.lightning.hybrid_pool import HybridReplicaPool, NoTrainer, OverlapReport, TrainerLink
 from lightning_hybrid_rollout.lightning.placement import pin_trainer_process, place_replicas, plan_cpu_placement
 from lightning_hybrid_rollout.rollout.engine import SamplingSpec
@@ -117,6 +118,10 @@ class RuntimeQueries:
         """Replicas replaced since the run began."""
         return 0
 
+    def probe_decode_progress(self) -> None:
+        """Sample each standalone replica's generated tokens into the trace (see
+        :meth:`RolloutRuntime.probe_decode_progress`); nothing in a test double."""
+
 
 class RolloutRuntime(RuntimeQueries):
     """Ray + standalone/hybrid vLLM replicas + message queue + rollouter for one training run.
@@ -174,6 +179,10 @@ class RolloutRuntime(RuntimeQueries):
             except ImportError:  # pragma: no cover - trace module optional
                 self._trace = None
         self._t0 = time.monotonic()
+        #: Each standalone replica's generated tokens at the trainer's ``training`` boundaries (with a trace only).
+        self._decode_probe: DecodeProgressProbe | None = None
+        if self._trace is not None:
+            self._decode_probe = DecodeProgressProbe(self._trace, self.loop, self._ts, self.trace_track)
         self._states: dict[str, tuple[str, float]] = {}
         #: Running totals for the trace (a real run's balance bound, ``run_bound``): samples and response tokens the
         #: trainer took; per role, tokens decoded and seconds serving (the sum of the role windows taken).
@@ -271,6 +280,8 @@ class RolloutRuntime(RuntimeQueries):
 
     def stop(self) -> None:
         """Stop the rollouter, the replicas and Ray (no leftover processes), and close the trace."""
+        if self._decode_probe is not None:
+            self._decode_probe.close()  # its calls still out are dropped: nothing is written from here on
         if self.supervisor is not None and self.loop.is_alive:
             self.loop.call(self.supervisor.cancel)
         try:
@@ -560,6 +571,14 @@ class RolloutRuntime(RuntimeQueries):
                     self.trace_track(f"{kind}-{i}"), kind=kind, devices=cores, concurrency=cap, **extra
                 )
         self._trace.describe_track("trainer/trainer", kind="trainer", devices=sorted({c for h in h_cores for c in h}))
+
+    def probe_decode_progress(self) -> None:
+        """Sample each standalone replica's tokens generated so far (finished and in flight) into the trace as the
+        counter ``generated_tokens.<replica>``, at the time the replica read them; the callback calls it at both
+        boundaries of every ``training`` span. Returns at once: the replicas answer on the runtime's loop
+        (:class:`~lightning_hybrid_rollout.lightning.decode_probe.DecodeProgressProbe`). Nothing without a trace."""
+        if self._decode_probe is not None:
+            self._decode_probe.probe(self.standalone)
 
     def set_state(self, replica_ids: Sequence[str], state: str, t: float | None = None) -> None:
         """Close each replica's current state span and open ``state`` (trace only)."""

@@ -257,8 +257,12 @@ class ReplicaActor:
         return await self.engine.load_weight_from_gpu_stage()
 
     async def health(self) -> dict[str, Any]:
+        """The engine's health, plus the role, the pinned cores, the Ray node and ``monotonic``: this host's
+        ``time.monotonic()`` right after the engine answered (a caller on the same node places the answer's counters
+        on its own clock with it)."""
         h = await self.engine.health()
-        h.update(role=self.role, cores=self.cores, node_id=_node_id())
+        now = time.monotonic()
+        h.update(role=self.role, cores=self.cores, node_id=_node_id(), monotonic=now)
         return h
 
     async def cpu_seconds(self) -> dict[str, float]:
@@ -477,7 +481,8 @@ class ReplicaHandle:
 
     # ---- introspection and shutdown -------------------------------------------------------------------------------
     async def health(self) -> dict[str, Any]:
-        """Engine state, weight version, in-flight count, pids, pinned cores, node."""
+        """Engine state, weight version, in-flight count, tokens generated, pids, pinned cores, node, and the
+        actor's ``time.monotonic()`` when the engine answered."""
         h = await self._call("health")
         self.info = h
         return h

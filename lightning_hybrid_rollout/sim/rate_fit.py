@@ -8,16 +8,17 @@ counter), or at ``m = cap`` without one. Hybrid replicas that never served (a st
 × the standalone rate: an assumption.
 
 ``replica.speed_while_training`` comes from the standalone replicas' ``generated_tokens.<replica>`` counters, which
-the runtime reads at every boundary of the trainer's ``training`` spans: each replica's tokens inside those spans over
-the seconds it served in them, against the same outside them (the replica's ``active`` spans, the counters
-interpolated linearly). ``replica.tokens_per_s`` then is the rate outside the training spans (the running totals'
+the runtime reads at every boundary of the trainer's ``training`` spans with ``in_flight.<replica>``: over the
+stretches between two readings, the tokens decoded inside those spans per served second (the replica's ``active``
+spans) × ``g(m)`` (``m`` the readings' requests in flight, at most the track's concurrency), against the same outside
+them; a stretch with the replica less than half full at either end is left out (a replica short of work is not a slow
+one). ``replica.tokens_per_s`` then is the rate outside the training spans (the running totals'
 average, which mixes both, divided by ``1 − f + r·f``, ``f`` the served share inside them, ``r`` the ratio). A run
 without those counters keeps the default 1.
 """
 
 from __future__ import annotations
 
-import bisect
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,7 +33,6 @@ from lightning_hybrid_rollout.trace import (
     IN_FLIGHT,
     SERVING_S,
     TRAINER_TRACK,
-    Counter,
     TraceData,
 )
 
@@ -94,7 +94,7 @@ def fit_decode_rates(
         beta = fit.default(f"{role.section}.batch_slowdown", template.batch_slowdown)
         slowdown, inside_share = 1.0, 0.0
         if kind == "standalone":
-            slowdown, inside_share = _fit_speed_while_training(trace, role, window, template, fit)
+            slowdown, inside_share = _fit_speed_while_training(trace, role, window, template, beta, fit)
         v = _measured_rate(trace, cycles, role, cap, beta, window, fit, 1.0 - inside_share + slowdown * inside_share)
         if v is None and kind == "hybrid" and "standalone" in models:
             v = hybrid_speed_ratio * models["standalone"].tokens_per_s
@@ -190,71 +190,78 @@ def _measured_rate(
 
 
 def _fit_speed_while_training(
-    trace: TraceData, role: _Role, window: tuple[float, float], template: ReplicaModel, fit: FitLog
+    trace: TraceData, role: _Role, window: tuple[float, float], template: ReplicaModel, beta: float, fit: FitLog
 ) -> tuple[float, float]:
     """``(replica.speed_while_training, the served share inside training spans)`` from the standalone replicas'
-    ``generated_tokens`` counters (see the module doc); the template's value and 0 without them."""
+    ``generated_tokens`` / ``in_flight`` counters (see the module doc); the template's value and 0 without them."""
     lo, hi = window
     training = [
-        (max(s.start_s, lo), min(s.end_s, hi))
+        (s.start_s, s.end_s)
         for s in trace.spans_of(TRAINER_TRACK)
         if s.name == "training" and min(s.end_s, hi) > max(s.start_s, lo)
     ]
     name = f"{role.section}.speed_while_training"
-    tok_in = s_in = tok_all = s_all = 0.0
-    per_span: list[tuple[float, float]] = []  # (tokens, served seconds) of each training span, all replicas
+    inside: list[tuple[float, float]] = []  # (tokens, served seconds x g(m)) of each stretch inside a training span
+    outside: list[tuple[float, float]] = []
+    served_in = served_all = 0.0
     tracks = 0
     for track, info in trace.tracks.items():
         if not track.startswith("replica/") or info.get("kind") != role.kind:
             continue
-        series = trace.counter_series(f"{GENERATED_TOKENS}.{track.removeprefix('replica/')}")
+        replica = track.removeprefix("replica/")
+        series = [c for c in trace.counter_series(f"{GENERATED_TOKENS}.{replica}") if lo <= c.t <= hi]
         if len(series) < 4:
             continue
-        first, last = max(series[0].t, lo), min(series[-1].t, hi)
-        active = [
-            (max(s.start_s, first), min(s.end_s, last))
-            for s in trace.spans_of(track)
-            if s.name == "active" and min(s.end_s, last) > max(s.start_s, first)
-        ]
-        if not active:
-            continue
         tracks += 1
-        tok_all += _tokens_at(series, last) - _tokens_at(series, first)
-        s_all += sum(b - a for a, b in active)
-        for a, b in training:
-            a, b = max(a, first), min(b, last)
-            served = sum(max(0.0, min(b, y) - max(a, x)) for x, y in active)
-            if served <= 0:
+        cap = float(info.get("concurrency") or 0)
+        loads = {round(c.t, 6): c.value for c in trace.counter_series(f"{IN_FLIGHT}.{replica}")}
+        active = [(s.start_s, s.end_s) for s in trace.spans_of(track) if s.name == "active"]
+        for a, b in itertools.pairwise(series):
+            served = _overlap(a.t, b.t, active)
+            if served <= 0 or b.value < a.value:
                 continue
-            tokens = _tokens_at(series, b) - _tokens_at(series, a)
-            tok_in += tokens
-            s_in += served
-            per_span.append((tokens, served))
-    s_out, tok_out = s_all - s_in, tok_all - tok_in
-    if not (tracks and s_in > 0 and s_out > 0 and tok_out > 0 and len(per_span) >= 2):
-        fit.default(name, template.speed_while_training, f"no {GENERATED_TOKENS}.<replica> counters in the trace")
+            m = [loads.get(round(c.t, 6)) for c in (a, b)]
+            if all(x is not None for x in m) and cap > 0:
+                m = [min(cap, float(x)) for x in m]  # type: ignore[arg-type]
+                if min(m) < 0.5 * cap:  # short of work (a full queue, the staleness budget): not a slow replica
+                    continue
+                g = sum(x / (1.0 + beta * (x - 1.0)) for x in m) / 2.0
+            else:
+                g = 1.0
+            share = _overlap(a.t, b.t, training) / (b.t - a.t)
+            if share >= 0.8:
+                inside.append((b.value - a.value, served * g))
+                served_in += served
+            elif share <= 0.2:
+                outside.append((b.value - a.value, served * g))
+            served_all += served
+    tok_in, s_in = (sum(x) for x in zip(*inside, strict=True)) if inside else (0.0, 0.0)
+    tok_out, s_out = (sum(x) for x in zip(*outside, strict=True)) if outside else (0.0, 0.0)
+    if not (tracks and len(inside) >= 2 and s_in > 0 and s_out > 0 and tok_out > 0):
+        why = (
+            f"no {GENERATED_TOKENS}.<replica> counters in the trace"
+            if not tracks
+            else "too few stretches of the replicas' counters with them full, inside and outside training spans"
+        )
+        fit.default(name, template.speed_while_training, why)
         return template.speed_while_training, 0.0
     rate_out = tok_out / s_out
     ratio = tok_in / s_in / rate_out
     fit.add(
         name,
         ratio,
-        f"trace: {GENERATED_TOKENS}.<replica> counters of {tracks} {role.kind} replica(s): tokens per served second "
-        f"inside the trainer's training spans over the same outside them ({s_in:.1f} s of {s_all:.1f} s inside)",
-        [t / s / rate_out for t, s in per_span],
+        f"trace: {GENERATED_TOKENS}.<replica> counters of {tracks} {role.kind} replica(s), read at the training "
+        f"spans' boundaries: tokens per served second x g(m) inside those spans over the same outside them "
+        f"({len(inside)} and {len(outside)} stretches with the replica at least half full, m from "
+        f"{IN_FLIGHT}.<replica>)",
+        [t / s / rate_out for t, s in inside if s > 0],
     )
-    return ratio, s_in / s_all
+    return ratio, served_in / served_all if served_all > 0 else 0.0
 
 
-def _tokens_at(series: Sequence[Counter], t: float) -> float:
-    """The counter ``series`` (sorted by time) linearly interpolated at ``t`` (held flat outside its samples)."""
-    i = bisect.bisect_left(series, t, key=lambda c: c.t)
-    if i == 0:
-        return series[0].value
-    if i == len(series):
-        return series[-1].value
-    a, b = series[i - 1], series[i]
-    return b.value if b.t <= a.t else a.value + (b.value - a.value) * (t - a.t) / (b.t - a.t)
+def _overlap(a: float, b: float, spans: Sequence[tuple[float, float]]) -> float:
+    """Seconds of ``[a, b]`` inside ``spans``."""
+    return sum(max(0.0, min(b, y) - max(a, x)) for x, y in spans)
 
 
 def occupancy(

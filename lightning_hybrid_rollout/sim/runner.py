@@ -57,6 +57,7 @@ from lightning_hybrid_rollout.sim.world import ProductionWindow, RolloutWorld, S
 from lightning_hybrid_rollout.trace import (
     DECODED_TOKENS,
     GENERATED_TOKENS,
+    IN_FLIGHT,
     SERVING_S,
     TRAINED_SAMPLES,
     TRAINED_TOKENS,
@@ -434,6 +435,7 @@ class _Run:
         for r in w.standalone:
             r.advance(w.now)
             tw.counter(f"{GENERATED_TOKENS}.{r.name}", w.now, r.tokens)
+            tw.counter(f"{IN_FLIGHT}.{r.name}", w.now, len(r.members))
 
     def _trace_totals(self) -> None:
         """The runtime's running totals at a cycle's end (``trained_*``, ``decoded_tokens.<role>``, ``serving_s.*``)."""

@@ -150,6 +150,36 @@ def test_dynamic_run_writes_a_valid_trace(dynamic_run: dict[str, Any]) -> None:
     assert events and all("ph" in e and "ts" in e for e in events if e.get("ph") != "M")
 
 
+@pytest.mark.parametrize("run", ["dynamic_run", "static_keep_run"])
+def test_the_trace_samples_the_standalone_replica_s_generated_tokens_at_the_training_boundaries(
+    run: str, request: pytest.FixtureRequest
+) -> None:
+    """What ``lhr simulate --from-run`` fits the standalone decode speed while training from: the replica's tokens
+    generated so far (finished and in flight), read at each boundary of the trainer's ``training`` spans."""
+    from lightning_hybrid_rollout.trace import load_trace
+
+    rep = request.getfixturevalue(run)
+    trace = load_trace(Path(rep["root"]) / "trace.json")
+    series = trace.counter_series("generated_tokens.standalone_0")
+    assert not trace.counter_series("generated_tokens.hybrid_0")  # the standalone replicas only
+    values = [c.value for c in series]
+    assert values and values == sorted(values) and values[-1] > 0, values  # a running total never goes back
+    spans = [s for s in trace.spans_of("trainer/trainer") if s.name == "training"]
+    assert len(spans) == rep["global_step"] == 6
+    # the replica reads its counts a moment after the trainer asked: right after the batch was taken (inside the span)
+    # and right after the span's end (~1-10 ms on an idle 2-core host; `tol` leaves room for a loaded one)
+    tol = 0.05
+    times = [c.t for c in series]
+    both_ends = [
+        any(s.start_s <= x <= s.end_s for x in times) and any(s.end_s <= x <= s.end_s + tol for x in times)
+        for s in spans
+    ]
+    assert sum(both_ends) >= len(spans) - 2, (spans, series)
+    # the decoded total counts at request end (aborted partials included), the probe also what is in flight
+    decoded = trace.counter_series("decoded_tokens.standalone")
+    assert values[-1] >= 0.9 * decoded[-1].value, (values[-1], decoded)
+
+
 def test_dynamic_run_saves_its_settings_and_the_simulator_fit_reads_them_back(dynamic_run: dict[str, Any]) -> None:
     import yaml
 

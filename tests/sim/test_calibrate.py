@@ -301,3 +301,47 @@ def test_the_length_model_is_fitted_through_its_clip():
     unclipped, kept = _fit_lognormal(16.0, None, 1.0, 24.0, sigma=0.6)  # no spread measured: sigma kept
     assert kept == 0.6 and unclipped > 16.0  # the clip at 24 cuts the long tail: a larger mean before it
     assert _clipped_moments(unclipped, 0.6, 1.0, 24.0)[0] == pytest.approx(16.0, rel=1e-3)
+
+
+def _probed_trace(path: Path, idle_outside: bool) -> Any:
+    """A standalone replica (cap 4) read at three training spans' boundaries: 80 tokens/s inside them, 100 outside;
+    with ``idle_outside`` it also sits empty (nothing in flight, nothing decoded) through one stretch outside."""
+    from lightning_hybrid_rollout.trace import TraceWriter, load_trace
+
+    with TraceWriter(path) as tw:
+        tw.describe_track("replica/standalone_0", kind="standalone", devices=[1], concurrency=4)
+        tw.span("replica/standalone_0", "active", 0.0, 20.0)
+        t, tokens = 0.0, 0.0
+        for step in range(3):
+            start, end = 1.0 + 6.0 * step, 3.0 + 6.0 * step
+            tokens += 100.0 * (start - t)
+            idle = idle_outside and step == 1
+            tw.counter("generated_tokens.standalone_0", start, tokens)
+            tw.counter("in_flight.standalone_0", start, 4)
+            tw.span("trainer/trainer", "training", start, end)
+            tokens += 80.0 * (end - start)
+            tw.counter("generated_tokens.standalone_0", end, tokens)
+            tw.counter("in_flight.standalone_0", end, 0 if idle else 4)
+            if idle:  # empty until the next span, where it is full again
+                tw.counter("generated_tokens.standalone_0", end + 3.0, tokens)
+                tw.counter("in_flight.standalone_0", end + 3.0, 0)
+            t = end + (3.0 if idle else 0.0)
+    return load_trace(path)
+
+
+@pytest.mark.parametrize("idle_outside", [False, True])
+def test_speed_while_training_counts_only_stretches_where_the_replica_was_full(tmp_path, idle_outside):
+    from lightning_hybrid_rollout.sim.calibration import FitLog
+    from lightning_hybrid_rollout.sim.rate_fit import _fit_speed_while_training, _Role
+    from lightning_hybrid_rollout.sim.scenario import ReplicaModel
+
+    trace = _probed_trace(tmp_path / "trace.json", idle_outside)
+    role = _Role("standalone", "replica", [trace.tracks["replica/standalone_0"]], ReplicaModel(devices=1))
+    fit = FitLog()
+    ratio, share = _fit_speed_while_training(trace, role, (0.0, 20.0), role.template, 0.0, fit)
+    # a replica short of work outside the training spans is not a faster one inside them
+    assert ratio == pytest.approx(0.8)
+    # the served share inside the spans, of the stretches counted (the idle one, and the span ending empty, left out)
+    assert share == pytest.approx(4 / 8 if idle_outside else 6 / 14)
+    assert fit.params[-1].name == "replica.speed_while_training"
+    assert fit.params[-1].observations == (2 if idle_outside else 3)

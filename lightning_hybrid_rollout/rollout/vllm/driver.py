@@ -104,6 +104,7 @@ class VLLMEngine(WeightUpdates):
         self.engine_pid: int | None = None
         self._inflight: dict[str, int] = {}
         self._progress: dict[str, RequestProgress] = {}  # per in-flight request: max tokens, submission (drain)
+        self._tokens_seen: dict[str, int] = {}  # per in-flight request: its most tokens health() read (never back)
         #: Keep-mode weight updates a request lived through: ``(tokens before it, new version)`` each.
         self._version_splits: dict[str, list[tuple[int, int]]] = {}
         self._resume_task: Any = None
@@ -282,6 +283,7 @@ class VLLMEngine(WeightUpdates):
         finally:
             self._inflight.pop(request_id, None)
             self._progress.pop(request_id, None)
+            self._tokens_seen.pop(request_id, None)
             splits = self._version_splits.pop(request_id, [])
         progress.observe(len(tokens), time.monotonic(), finish)
         self._tokens_generated += len(tokens)
@@ -404,6 +406,19 @@ class VLLMEngine(WeightUpdates):
         """:meth:`_generated_tokens` of every in-flight request."""
         return {rid: self._generated_tokens(rid) for rid in self._inflight}
 
+    def _tokens_in_flight_total(self) -> int:
+        """The in-flight requests' tokens for :meth:`health`, each at least what it was last read at.
+
+        vLLM forgets a request when its output is handed over, a moment before :meth:`generate` takes the output and
+        counts its tokens in ``tokens_generated``: read in that moment, the request would count 0 and the replica's
+        total (``tokens_generated + tokens_in_flight``, which the runtime samples at the trainer's step boundaries)
+        would go back.
+        """
+        seen = self._tokens_seen
+        for rid, tokens in self._tokens_in_flight().items():
+            seen[rid] = max(tokens, seen.get(rid, 0))
+        return sum(seen.values())
+
     async def _abort_all(self) -> int:
         """Abort every in-flight request and wait (bounded) until their streams ended."""
         live = list(self._inflight)
@@ -463,7 +478,7 @@ class VLLMEngine(WeightUpdates):
             "state": self.state,
             "weight_version": self.weight_version,
             "inflight": len(self._inflight),
-            "tokens_in_flight": sum(self._tokens_in_flight().values()),
+            "tokens_in_flight": self._tokens_in_flight_total(),
             "checksum": self._checksum,
             "engine_pid": self.engine_pid,
             "frontend_pid": os.getpid(),

@@ -80,3 +80,33 @@ def test_a_pending_late_abort_ends_with_the_engine_s_shutdown() -> None:
         assert watcher.cancelled() or watcher.exception() is None  # ended, not crashed on the closed engine
 
     asyncio.run(go())
+
+
+def test_health_counts_a_request_vllm_just_forgot_at_its_last_reading_so_the_total_never_goes_back() -> None:
+    """vLLM forgets a request as it hands its output over, a moment before ``generate`` counts its tokens: the
+    replica's total (``tokens_generated + tokens_in_flight``, sampled at the trainer's step boundaries) must not dip."""
+    engine = VLLMEngine(VLLMEngineConfig(model="unused"), "r0")
+    llm = engine.llm = _FakeLLM()
+
+    async def check_health() -> None:
+        pass
+
+    llm.check_health = check_health  # type: ignore[attr-defined]
+
+    def total(health: dict) -> int:
+        return int(health["tokens_generated"]) + int(health["tokens_in_flight"])
+
+    async def go() -> None:
+        engine._inflight["a"] = engine._inflight["b"] = 0
+        llm.register("a")
+        llm.register("b")
+        for rid, tokens in (("a", 7), ("b", 3)):
+            llm.output_processor.request_states[f"{rid}-internal"].detokenizer = SimpleNamespace(
+                num_output_tokens=lambda n=tokens: n
+            )
+        assert total(await engine.health()) == 10
+        # "a" finished: vLLM dropped its state, its generate() has not taken the output yet
+        del llm.output_processor.request_states["a-internal"], llm.output_processor.external_req_ids["a"]
+        assert total(await engine.health()) == 10
+
+    asyncio.run(go())
