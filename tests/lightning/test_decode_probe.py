@@ -68,6 +68,7 @@ class _Replica:
         return {
             "tokens_generated": self.generated,
             "tokens_in_flight": self.in_flight,
+            "inflight": 3,  # requests in flight
             "node_id": self.node_id,
             "monotonic": now,
         }
@@ -98,7 +99,7 @@ def samples(writer: TraceWriter, name: str) -> list[Any]:
     return load_trace(writer.path).counter_series(f"{GENERATED_TOKENS}.{name}")
 
 
-def test_each_answering_replica_gets_one_sample_of_its_total_at_the_time_it_read_it(
+def test_each_answering_replica_gets_one_sample_of_its_total_and_requests_at_the_time_it_read_them(
     writer: TraceWriter, loop: EventLoopThread
 ) -> None:
     probe = make_probe(writer, loop)
@@ -114,6 +115,9 @@ def test_each_answering_replica_gets_one_sample_of_its_total_at_the_time_it_read
     (s0,) = trace.counter_series("generated_tokens.standalone_0")
     (s1,) = trace.counter_series("generated_tokens.standalone_1")
     assert s0.value == 120 and s1.value == 12  # finished + in flight
+    # with its requests in flight at the same moment (the fit keeps only stretches where the replica was full)
+    (r0,) = trace.counter_series("in_flight.standalone_0")
+    assert r0.value == 3 and r0.t == s0.t
     # on the trainer's node: the replica's own reading (the file keeps microseconds)
     assert s0.t == pytest.approx(ts(here.read_at[0]), abs=2e-6)
     # on another node: the middle of the call (its clock is not the trainer's), ~25 ms after its 50 ms reply began
