@@ -345,3 +345,20 @@ def test_speed_while_training_counts_only_stretches_where_the_replica_was_full(t
     assert share == pytest.approx(4 / 8 if idle_outside else 6 / 14)
     assert fit.params[-1].name == "replica.speed_while_training"
     assert fit.params[-1].observations == (2 if idle_outside else 3)
+
+
+PROBED = Path(__file__).resolve().parents[1] / "data" / "cpu_miniature_static_probed"
+
+
+def test_a_real_run_measures_its_standalone_replica_slower_while_the_trainer_trains():
+    """A real static CPU-miniature run (64 steps, 2026-12-03) with the runtime's decode progress counters: its one
+    standalone replica, on the core beside the trainer's, decodes ~8% slower while the trainer trains."""
+    fit = calibrate_run(PROBED)
+    p = fit.parameter("replica.speed_while_training")
+    assert p.measured and p.observations >= 48, p.source  # nearly every one of the 64 training spans
+    assert 0.8 < p.value < 0.97
+    assert p.spread is not None and p.spread < 0.3
+    # the rate outside the training spans: above the running totals' average, which mixes both
+    rate = fit.parameter("replica.tokens_per_s")
+    assert "outside the training spans" in rate.source
+    assert fit.scenario.replica.speed_while_training == p.value
