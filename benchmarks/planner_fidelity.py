@@ -610,14 +610,20 @@ def compare(
 
     # the machine's speed in the dynamic run relative to the static run: all the corrections read of the target run
     training = 1.0 / ratio("trainer.device_s_per_token")
-    decode = ratio("info.standalone_tokens_per_s_per_replica")
+    # the standalone rate outside the training spans (each run's average over its own training share: the simulator
+    # applies replica.speed_while_training to each run's training time itself)
+    decode = ratio("info.standalone_tokens_per_s_per_replica") * (
+        from_static.standalone_average_over_outside / from_dynamic.standalone_average_over_outside
+    )
     # of the measured standalone decode ratio, the swap's assumed factor (the dynamic run's hybrid replicas serve, the
     # static run's never do) is the model's, already in scenario_for's rates; the rest is the machine's
     machine_decode = decode / standalone_speed_with_hybrid
     dynamic_corrected = simulated_wall(machine_corrected(dynamic_scenario, training, machine_decode))
     static_corrected = simulated_wall(machine_corrected(static_scenario, 1.0 / training, 1.0 / machine_decode))
 
-    rho = from_dynamic.parameter("hybrid_replica.tokens_per_s").value / from_dynamic.scenario.replica.tokens_per_s
+    rho = from_dynamic.parameter("hybrid_replica.tokens_per_s").value / (
+        from_dynamic.scenario.replica.tokens_per_s * from_dynamic.standalone_average_over_outside
+    )  # over the standalone replica's average rate, as hybrid_speed_ratio is
     probe = machine_probe(static_dir, dynamic_dir)
     dynamic_probed = None if probe is None else simulated_wall(machine_corrected(dynamic_scenario, probe, probe))
     static_probed = None if probe is None else simulated_wall(machine_corrected(static_scenario, 1 / probe, 1 / probe))

@@ -21,7 +21,8 @@ Tracks are named ``"group/name"``: the group becomes a trace *process*, the name
   ``waiting`` (for samples; ``args.hybrid`` says whether hybrid replicas were generating meanwhile),
   ``training``, ``weight_sync`` (``args.target``: ``standalone`` or ``hybrid``), ``switching`` (hybrid
   activation/deactivation, ``args.op``).
-* counters ("C"): :data:`QUEUE_DEPTH` (samples in the message queue) and :data:`IN_FLIGHT` (samples being generated).
+* counters ("C"): :data:`QUEUE_DEPTH` (samples in the message queue) and :data:`IN_FLIGHT` (samples being generated;
+  ``in_flight.<replica>``, below, is one replica's requests instead).
   The runtime also writes, at each sync cycle's end, running totals since training began: :data:`TRAINED_SAMPLES`
   and :data:`TRAINED_TOKENS` (the batches the trainer took, response tokens; the runtime adds
   :data:`TRAINED_TOKENS_SQ`, the squared response lengths summed, and :data:`TRAINED_PROMPT_TOKENS`, their prompt

@@ -1,14 +1,14 @@
 """DecodeProgressProbe: each standalone replica's generated tokens, read at the trainer's ``training`` boundaries.
 
 ``lhr simulate --from-run`` fits how fast a standalone replica decodes while the trainer trains versus otherwise
-(``replica.speed_while_training``: on a CPU host the training slows the replica on the other cores by ~15%). The
+(``replica.speed_while_training``: on a CPU host the training slows the replica on the other core by ~5-15%). The
 rollouter counts a replica's tokens only when a request ends, which smears a short (0.2-0.3 s) ``training`` span
 over the requests that were running across it. So the runtime asks every standalone replica for its tokens generated
 so far (finished and in flight: ``health()``'s ``tokens_generated + tokens_in_flight``) at each boundary of a
 ``training`` span and writes the answer into the trace as the counter ``generated_tokens.<replica>``
 (:data:`~lightning_hybrid_rollout.trace.GENERATED_TOKENS`; ``<replica>`` is the replica's track name, e.g.
 ``standalone_0``), with its requests in flight then as ``in_flight.<replica>`` (the fit uses only the stretches
-where the replica was full: a replica short of work is not a slow one).
+where the replica was at least half full: a replica short of work is not a slow one).
 
 A probe must never hold up or break the run: :meth:`DecodeProgressProbe.probe` only hands one ``health()`` call per
 replica to the runtime's event loop and returns; each answer is written when it arrives. A replica whose previous
@@ -88,8 +88,14 @@ class DecodeProgressProbe:
         #: ``id(replica)`` -> its unanswered call (the call holds the replica, so the id is not reused meanwhile).
         self._pending: dict[int, concurrent.futures.Future[None]] = {}
         self._closed = False
-        #: Calls sent, samples written, replicas skipped (a call still out), calls that failed or timed out.
-        self.sent = self.written = self.skipped = self.failed = 0
+        #: ``health()`` calls sent.
+        self.sent = 0
+        #: Samples written into the trace.
+        self.written = 0
+        #: Replicas skipped because their previous call was still out.
+        self.skipped = 0
+        #: Calls that failed or timed out (nothing written).
+        self.failed = 0
         #: The longest round trip of a written sample, seconds.
         self.max_round_trip_s = 0.0
 
@@ -147,14 +153,14 @@ class DecodeProgressProbe:
                 return  # an engine that does not count tokens (a test fake)
             tokens = int(health["tokens_generated"]) + int(health["tokens_in_flight"])
             t = self._sample_time(health, sent, received)
-            replica = self._track_of(rid).partition("/")[2]
+            track = self._track_of(rid).partition("/")[2]
             inflight = health.get("inflight")
             with self._lock:  # close() waits for a write in progress; none follows it
                 if self._closed:
                     return
-                self._trace.counter(f"{GENERATED_TOKENS}.{replica}", self._ts(t), tokens)
+                self._trace.counter(f"{GENERATED_TOKENS}.{track}", self._ts(t), tokens)
                 if isinstance(inflight, int):
-                    self._trace.counter(f"{IN_FLIGHT}.{replica}", self._ts(t), inflight)
+                    self._trace.counter(f"{IN_FLIGHT}.{track}", self._ts(t), inflight)
                 self.written += 1
                 self.max_round_trip_s = max(self.max_round_trip_s, received - sent)
         except Exception as err:

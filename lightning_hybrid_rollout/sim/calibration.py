@@ -138,8 +138,17 @@ class Calibration:
         data["replica"] = {**data["replica"], "tokens_per_s": v}
         if self.hybrid_speed_ratio is not None and rho is not None:  # not measured: follows the standalone rate
             hybrid = data["hybrid_replica"] or dict(data["replica"])
-            data["hybrid_replica"] = {**hybrid, "tokens_per_s": rho * v}
+            data["hybrid_replica"] = {**hybrid, "tokens_per_s": rho * v * self.standalone_average_over_outside}
         return Scenario.from_dict(data)
+
+    @property
+    def standalone_average_over_outside(self) -> float:
+        """The standalone replicas' average speed over their speed outside the trainer's training spans (``ρ`` is
+        relative to the average; 1 where the fit did not slow them while training)."""
+        for p in self.parameters:
+            if p.name == "info.standalone_average_over_outside_training":
+                return float(p.value)
+        return 1.0
 
     def parameter(self, name: str) -> FittedParameter:
         """The parameter called ``name``."""

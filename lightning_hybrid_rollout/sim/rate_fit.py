@@ -12,9 +12,10 @@ the runtime reads at every boundary of the trainer's ``training`` spans with ``i
 stretches between two readings, the tokens decoded inside those spans per served second (the replica's ``active``
 spans) × ``g(m)`` (``m`` the readings' requests in flight, at most the track's concurrency), against the same outside
 them; a stretch with the replica less than half full at either end is left out (a replica short of work is not a slow
-one). ``replica.tokens_per_s`` then is the rate outside the training spans (the running totals'
-average, which mixes both, divided by ``1 − f + r·f``, ``f`` the served share inside them, ``r`` the ratio). A run
-without those counters keeps the default 1.
+one). ``replica.tokens_per_s`` then is the rate outside the training spans: the running totals' average, which
+mixes both, divided by ``1 − f + r·f`` (``info.standalone_average_over_outside_training``; ``f`` the share of the
+replicas' ``active`` time inside the spans, ``r`` the ratio); an assumed hybrid rate is ``hybrid_speed_ratio`` × the
+average. A run without those counters keeps the default 1.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ def fit_decode_rates(
     counted time (the trainer's first span to the last cycle's end)."""
     models: dict[str, ReplicaModel] = {}
     hybrid_assumed: float | None = None
+    standalone_mix = 1.0
     for kind, template in (("standalone", base_standalone), ("hybrid", base_hybrid)):
         infos = kinds[kind]
         if not infos:
@@ -92,17 +94,19 @@ def fit_decode_rates(
             )
         fit.add(f"{role.section}.devices", devices, f"trace: replica/{kind}_* tracks' devices", observations=len(infos))
         beta = fit.default(f"{role.section}.batch_slowdown", template.batch_slowdown)
-        slowdown, inside_share = 1.0, 0.0
+        speed_factor, mix = template.speed_while_training, 1.0
         if kind == "standalone":
-            slowdown, inside_share = _fit_speed_while_training(trace, role, window, template, beta, fit)
-        v = _measured_rate(trace, cycles, role, cap, beta, window, fit, 1.0 - inside_share + slowdown * inside_share)
+            speed_factor = _fit_speed_while_training(trace, role, window, template, beta, fit)
+            mix = _average_over_outside(trace, role, window, speed_factor, fit)
+        v = _measured_rate(trace, cycles, role, cap, beta, window, fit, mix)
         if v is None and kind == "hybrid" and "standalone" in models:
-            v = hybrid_speed_ratio * models["standalone"].tokens_per_s
+            v = hybrid_speed_ratio * models["standalone"].tokens_per_s * standalone_mix
             hybrid_assumed = hybrid_speed_ratio
             fit.default(
                 f"{role.section}.tokens_per_s",
                 v,
-                f"the hybrid replicas never served: hybrid_speed_ratio {hybrid_speed_ratio:g} x replica.tokens_per_s, "
+                f"the hybrid replicas never served: hybrid_speed_ratio {hybrid_speed_ratio:g} x the standalone "
+                "replicas' average rate (replica.tokens_per_s x info.standalone_average_over_outside_training), "
                 "assumed (calibrate(hybrid_speed_ratio=...) overrides)",
             )
         elif v is None:
@@ -113,8 +117,10 @@ def fit_decode_rates(
             batch_slowdown=beta,
             concurrency=None,
             kv_cache_tokens=_kv_cache_tokens(role, fit),
-            speed_while_training=slowdown if kind == "standalone" else template.speed_while_training,
+            speed_while_training=speed_factor,
         )
+        if kind == "standalone":
+            standalone_mix = mix
     return DecodeRates(models.get("standalone") or models["hybrid"], models.get("hybrid"), hybrid_assumed)
 
 
@@ -191,9 +197,9 @@ def _measured_rate(
 
 def _fit_speed_while_training(
     trace: TraceData, role: _Role, window: tuple[float, float], template: ReplicaModel, beta: float, fit: FitLog
-) -> tuple[float, float]:
-    """``(replica.speed_while_training, the served share inside training spans)`` from the standalone replicas'
-    ``generated_tokens`` / ``in_flight`` counters (see the module doc); the template's value and 0 without them."""
+) -> float:
+    """``replica.speed_while_training`` from the standalone replicas' ``generated_tokens`` / ``in_flight`` counters
+    (see the module doc); the template's value without them."""
     lo, hi = window
     training = [
         (s.start_s, s.end_s)
@@ -203,7 +209,6 @@ def _fit_speed_while_training(
     name = f"{role.section}.speed_while_training"
     inside: list[tuple[float, float]] = []  # (tokens, served seconds x g(m)) of each stretch inside a training span
     outside: list[tuple[float, float]] = []
-    served_in = served_all = 0.0
     tracks = 0
     for track, info in trace.tracks.items():
         if not track.startswith("replica/") or info.get("kind") != role.kind:
@@ -231,20 +236,18 @@ def _fit_speed_while_training(
             share = _overlap(a.t, b.t, training) / (b.t - a.t)
             if share >= 0.8:
                 inside.append((b.value - a.value, served * g))
-                served_in += served
             elif share <= 0.2:
                 outside.append((b.value - a.value, served * g))
-            served_all += served
     tok_in, s_in = (sum(x) for x in zip(*inside, strict=True)) if inside else (0.0, 0.0)
     tok_out, s_out = (sum(x) for x in zip(*outside, strict=True)) if outside else (0.0, 0.0)
-    if not (tracks and len(inside) >= 2 and s_in > 0 and s_out > 0 and tok_out > 0):
+    if not (tracks and len(inside) >= 2 and s_in > 0 and tok_in > 0 and s_out > 0 and tok_out > 0):
         why = (
             f"no {GENERATED_TOKENS}.<replica> counters in the trace"
             if not tracks
             else "too few stretches of the replicas' counters with them full, inside and outside training spans"
         )
         fit.default(name, template.speed_while_training, why)
-        return template.speed_while_training, 0.0
+        return template.speed_while_training
     rate_out = tok_out / s_out
     ratio = tok_in / s_in / rate_out
     fit.add(
@@ -256,7 +259,35 @@ def _fit_speed_while_training(
         f"{IN_FLIGHT}.<replica>)",
         [t / s / rate_out for t, s in inside if s > 0],
     )
-    return ratio, served_in / served_all if served_all > 0 else 0.0
+    return ratio
+
+
+def _average_over_outside(
+    trace: TraceData, role: _Role, window: tuple[float, float], speed_factor: float, fit: FitLog
+) -> float:
+    """``1 − f + r·f``: the role's average speed over its speed outside the trainer's ``training`` spans, ``f`` the
+    share of its replicas' ``active`` time inside those spans (in ``window``), ``r`` = ``speed_factor``."""
+    lo, hi = window
+    training = [(s.start_s, s.end_s) for s in trace.spans_of(TRAINER_TRACK) if s.name == "training"]
+    inside = total = 0.0
+    for track, info in trace.tracks.items():
+        if track.startswith("replica/") and info.get("kind") == role.kind:
+            for s in trace.spans_of(track):
+                a, b = max(s.start_s, lo), min(s.end_s, hi)
+                if s.name == "active" and b > a:
+                    total += b - a
+                    inside += _overlap(a, b, training)
+    share = inside / total if total > 0 else 0.0
+    mix = 1.0 - share + speed_factor * share
+    if speed_factor != 1.0:
+        fit.add(
+            f"info.{role.kind}_average_over_outside_training",
+            mix,
+            f"1 - f + r x f: f = {share:.3f} of the {role.kind} replicas' active time inside the trainer's training "
+            f"spans, r = {role.section}.speed_while_training",
+            observations=1,
+        )
+    return mix
 
 
 def _overlap(a: float, b: float, spans: Sequence[tuple[float, float]]) -> float:

@@ -489,6 +489,7 @@ class _Run:
         )
         out["standalone_below_peak"] = acc.get("standalone_below_peak", 0.0)
         out["standalone_below_peak_admission_blocked"] = acc.get("standalone_below_peak_throttled", 0.0)
+        out["slowed_while_training"] = acc.get("standalone_slowed", 0.0) + acc.get("hybrid_slowed", 0.0)
         out["reprefill_after_standalone_sync_aborts"] = acc.get("standalone_sync_reprefill", 0.0)
         out["reprefill_after_standalone_aborts"] = acc.get("standalone_reprefill", 0.0)
         out["reprefill_after_hybrid_aborts"] = acc.get("hybrid_reprefill", 0.0)

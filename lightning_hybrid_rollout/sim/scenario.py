@@ -206,7 +206,9 @@ class ReplicaModel:
         concurrency: ``cap``; None = the scenario's ``concurrent_samples_per_replica``.
         kv_cache_tokens: KV-cache capacity in tokens of context (None = unlimited).
         speed_while_training: The fraction of its speed the replica keeps while the trainer trains (1 = unaffected,
-            as on separate GPUs; a CPU host where the training shares the memory and caches measures ~0.8-0.9).
+            as on separate GPUs; a CPU host where the training shares the memory and caches measures ~0.8-0.95).
+            The simulator applies it for the whole step, ``trainer.step_overhead_s`` included (a real run's
+            overhead lies outside its ``training`` spans: a few ms per step on the CPU miniature).
             ``lhr simulate --from-run`` fits it from the standalone replicas' ``generated_tokens`` counters.
     """
 

@@ -108,7 +108,7 @@ class SimReplica:
     heap: list[tuple[float, int, int]] = field(default_factory=list)
     state_since: float = 0.0
     limit: int = 0
-    slowdown: float = 1.0  # the fraction of its speed it keeps now (``model.speed_while_training`` while training)
+    speed_factor: float = 1.0  # the share of its speed it keeps now (``model.speed_while_training`` while training)
     _speed: float = -1.0  # cached speed(); -1 = stale (invalidate with touch())
 
     @property
@@ -124,7 +124,7 @@ class SimReplica:
         if not self.serving or n == 0:
             self._speed = 0.0
         else:
-            self._speed = self.model.throughput(n, self.limit or self.cap) * self.slowdown / n
+            self._speed = self.model.throughput(n, self.limit or self.cap) * self.speed_factor / n
         return self._speed
 
     def touch(self) -> None:
@@ -310,8 +310,9 @@ class RolloutWorld:
         """Add ``dt`` seconds of every replica's state to :attr:`device_account`.
 
         Serving replicas: what they decode (``<kind>_decoded``) and what they could decode more at their own peak
-        (``<kind>_below_peak``, ``standalone_below_peak_throttled`` while admission is blocked), both in standalone
-        device-seconds; standalone replicas not serving: their device-seconds per state (``standalone_<state>``).
+        (``<kind>_below_peak``, ``standalone_below_peak_throttled`` while admission is blocked) and what the trainer's
+        training takes off their speed (``<kind>_slowed``), all in standalone device-seconds; standalone replicas not
+        serving: their device-seconds per state (``standalone_<state>``).
         """
         acc = self.device_account
         unit = self.standalone_peak_per_device
@@ -319,9 +320,12 @@ class RolloutWorld:
             kind = r.kind
             if r.serving:
                 limit = r.limit or r.cap
-                x = r.model.throughput(len(r.members), limit) * r.slowdown
-                short = (r.model.throughput(limit, limit) - x) * dt / unit
+                full = r.model.throughput(len(r.members), limit)
+                x = full * r.speed_factor
+                short = (r.model.throughput(limit, limit) - full) * dt / unit
                 acc[kind + "_decoded"] = acc.get(kind + "_decoded", 0.0) + x * dt / unit
+                if x < full:
+                    acc[kind + "_slowed"] = acc.get(kind + "_slowed", 0.0) + (full - x) * dt / unit
                 key = kind + ("_below_peak_throttled" if self._throttled and kind == "standalone" else "_below_peak")
                 acc[key] = acc.get(key, 0.0) + short
             elif kind == "standalone":
@@ -333,9 +337,9 @@ class RolloutWorld:
         ``model.speed_while_training`` of its speed meanwhile (progress so far is kept at the old speed)."""
         for r in self.replicas:
             factor = r.model.speed_while_training if training else 1.0
-            if factor != r.slowdown:
+            if factor != r.speed_factor:
                 r.advance(self.now)
-                r.slowdown = factor
+                r.speed_factor = factor
                 r.touch()
 
     def advance_to(self, t: float) -> None:

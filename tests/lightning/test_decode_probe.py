@@ -169,7 +169,7 @@ def test_a_failing_or_non_counting_replica_writes_nothing_and_breaks_nothing(
     assert "EngineDeadError" in caplog.text
     writer.close()
     trace = load_trace(writer.path)
-    assert {c.name for c in trace.counters} == {"generated_tokens.standalone_3"}
+    assert {c.name for c in trace.counters} == {"generated_tokens.standalone_3", "in_flight.standalone_3"}
 
 
 def test_close_drops_the_calls_still_out_and_nothing_is_written_after_it(
@@ -201,7 +201,10 @@ def test_the_runtime_probes_its_standalone_replicas_into_its_trace_and_stops_cle
     finally:
         rt.stop()
     trace = load_trace(tmp_path / "trace.json")
-    assert [(c.name, c.value) for c in trace.counters] == [("generated_tokens.standalone_0", 42.0)]
+    assert sorted((c.name, c.value) for c in trace.counters) == [
+        ("generated_tokens.standalone_0", 42.0),
+        ("in_flight.standalone_0", 3.0),
+    ]
     untraced = RolloutRuntime(RolloutConfig(), AsyncTrainingConfig(), workload=None, run_dir=tmp_path, trace=False)
     untraced.standalone = [_Replica("standalone-0")]
     untraced.probe_decode_progress()

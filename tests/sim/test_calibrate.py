@@ -332,19 +332,19 @@ def _probed_trace(path: Path, idle_outside: bool) -> Any:
 @pytest.mark.parametrize("idle_outside", [False, True])
 def test_speed_while_training_counts_only_stretches_where_the_replica_was_full(tmp_path, idle_outside):
     from lightning_hybrid_rollout.sim.calibration import FitLog
-    from lightning_hybrid_rollout.sim.rate_fit import _fit_speed_while_training, _Role
+    from lightning_hybrid_rollout.sim.rate_fit import _average_over_outside, _fit_speed_while_training, _Role
     from lightning_hybrid_rollout.sim.scenario import ReplicaModel
 
     trace = _probed_trace(tmp_path / "trace.json", idle_outside)
     role = _Role("standalone", "replica", [trace.tracks["replica/standalone_0"]], ReplicaModel(devices=1))
     fit = FitLog()
-    ratio, share = _fit_speed_while_training(trace, role, (0.0, 20.0), role.template, 0.0, fit)
+    ratio = _fit_speed_while_training(trace, role, (0.0, 20.0), role.template, 0.0, fit)
     # a replica short of work outside the training spans is not a faster one inside them
     assert ratio == pytest.approx(0.8)
-    # the served share inside the spans, of the stretches counted (the idle one, and the span ending empty, left out)
-    assert share == pytest.approx(4 / 8 if idle_outside else 6 / 14)
-    assert fit.params[-1].name == "replica.speed_while_training"
-    assert fit.params[-1].observations == (2 if idle_outside else 3)
+    # the average over the rate outside the spans: 6 s of its 20 active seconds inside them, at 0.8
+    assert _average_over_outside(trace, role, (0.0, 20.0), ratio, fit) == pytest.approx(1 - 0.3 + 0.8 * 0.3)
+    p = next(p for p in fit.params if p.name == "replica.speed_while_training")
+    assert p.observations == (2 if idle_outside else 3)
 
 
 PROBED = Path(__file__).resolve().parents[1] / "data" / "cpu_miniature_static_probed"
@@ -362,3 +362,12 @@ def test_a_real_run_measures_its_standalone_replica_slower_while_the_trainer_tra
     rate = fit.parameter("replica.tokens_per_s")
     assert "outside the training spans" in rate.source
     assert fit.scenario.replica.speed_while_training == p.value
+    # the assumed hybrid rate is hybrid_speed_ratio x the standalone replica's average rate (what rho is relative to)
+    mix = fit.parameter("info.standalone_average_over_outside_training").value
+    assert 0.95 < mix < 1.0 and mix == fit.standalone_average_over_outside
+    hybrid = fit.scenario.hybrid_model.tokens_per_s
+    assert hybrid == pytest.approx(HYBRID_SPEED_RATIO * fit.scenario.replica.tokens_per_s * mix)
+    swapped = fit.scenario_for(DYNAMIC_RUN)  # the same conversion when the run is swapped for a dynamic one
+    assert swapped.hybrid_model.tokens_per_s == pytest.approx(
+        HYBRID_SPEED_RATIO * swapped.replica.tokens_per_s * mix, rel=1e-9
+    )

@@ -60,6 +60,9 @@ def test_replicas_slowed_while_the_trainer_trains_decode_less_in_training_spans_
     trace_path = tmp_path / "slowed.json"
     result = run_once(slowed, "static_2_2", trace_path=trace_path)
     assert result.time_s > full.time_s * 1.01
+    # the gap accounting books the lost speed on its own line, and its parts still sum to the total
+    assert result.gap_s["slowed_while_training"] > 0 == full.gap_s["slowed_while_training"]
+    assert sum(result.gap_s[k] for k in GAP_KEYS) == pytest.approx(result.gap_s["total"], abs=1e-6)
     trace = load_trace(trace_path)
     tokens = trace.counter_series("generated_tokens.standalone_0")
     spans = [s for s in trace.spans_of("trainer/trainer") if s.name == "training"]

@@ -280,6 +280,9 @@ class VLLMEngine(WeightUpdates):
                     logprobs = sampled_logprobs(comp.logprobs, tokens)
                 if comp.finish_reason is not None:
                     finish = comp.finish_reason
+        except BaseException:  # cancelled or failed: what it generated still counts (the running total never goes back)
+            self._tokens_generated += max(len(tokens), self._tokens_seen.get(request_id, 0))
+            raise
         finally:
             self._inflight.pop(request_id, None)
             self._progress.pop(request_id, None)

@@ -6,6 +6,7 @@ import asyncio
 import math
 from types import SimpleNamespace
 
+import pytest
 from vllm.logprobs import FlatLogprobs, Logprob
 
 from lightning_hybrid_rollout.rollout.vllm.config import VLLMEngineConfig
@@ -108,5 +109,47 @@ def test_health_counts_a_request_vllm_just_forgot_at_its_last_reading_so_the_tot
         # "a" finished: vLLM dropped its state, its generate() has not taken the output yet
         del llm.output_processor.request_states["a-internal"], llm.output_processor.external_req_ids["a"]
         assert total(await engine.health()) == 10
+
+    asyncio.run(go())
+
+
+def test_a_cancelled_request_keeps_what_it_generated_in_the_running_total() -> None:
+    """A ``generate`` cancelled mid-request (its caller gave up) leaves its tokens in ``tokens_generated``: the total
+    the runtime samples at the trainer's step boundaries never goes back."""
+    from lightning_hybrid_rollout.rollout.engine import SamplingSpec
+
+    engine = VLLMEngine(VLLMEngineConfig(model="unused"), "r0")
+    llm = engine.llm = _FakeLLM()
+    engine.state = "active"
+    engine._ready.set()
+
+    async def check_health() -> None:
+        pass
+
+    async def generate(prompt, params, request_id):  # vLLM registers the request, then decodes 5 tokens and hangs
+        llm.register(request_id)
+        llm.output_processor.request_states[f"{request_id}-internal"].detokenizer = SimpleNamespace(
+            num_output_tokens=lambda: 5
+        )
+        await asyncio.Event().wait()
+        yield  # pragma: no cover - never reached
+
+    llm.check_health = check_health  # type: ignore[attr-defined]
+    llm.generate = generate  # type: ignore[attr-defined]
+
+    def total(health: dict) -> int:
+        return int(health["tokens_generated"]) + int(health["tokens_in_flight"])
+
+    async def go() -> None:
+        task = asyncio.ensure_future(engine.generate("a", [1, 2, 3], SamplingSpec(max_tokens=16)))
+        for _ in range(100):
+            await asyncio.sleep(0.001)
+            if "a" in llm.output_processor.external_req_ids:
+                break
+        assert total(await engine.health()) == 5
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert total(await engine.health()) == 5 and not engine._inflight and not engine._tokens_seen
 
     asyncio.run(go())
