@@ -144,6 +144,28 @@ def test_node_staging_push_is_written_once_and_verified_per_replica(run_async) -
         assert "load_weight_bucket" not in r.calls
 
 
+def test_a_replica_that_attached_the_node_staging_file_is_not_asked_again_until_it_fails_a_push(run_async) -> None:
+    reps = [FakeWeightReceiver("a"), FakeWeightReceiver("b")]
+    for version in (1, 2, 3):  # the same file every push: one attach round trip per replica, at the first
+        sd = _state(version)
+        rep = run_async(push_weights_async(sd, reps, version=version, bucket_bytes=1500, transport="node_shm"))
+        assert set(rep.replica_checksums.values()) == {checksum_state(sd)}
+    assert [r.calls.count("attach_node_staging") for r in reps] == [1, 1]
+
+    def flip(staging: SharedStaging, index: int, offset: int, nbytes: int) -> None:
+        if index == 0:
+            staging.view()[offset + nbytes - 3] ^= 0x01
+
+    with pytest.raises(WeightSyncError), seam.installed(staging_hook=flip):  # both fail: both are asked again
+        run_async(push_weights_async(_state(4), reps, version=4, bucket_bytes=1500, transport="node_shm"))
+    rep = run_async(push_weights_async(_state(5), reps, version=5, bucket_bytes=1500, transport="node_shm"))
+    assert set(rep.replica_checksums.values()) == {checksum_state(_state(5))}
+    assert [r.calls.count("attach_node_staging") for r in reps] == [2, 2]
+    fresh = FakeWeightReceiver("a")  # a replacement replica under the same id attaches for itself
+    run_async(push_weights_async(_state(6), [fresh], version=6, bucket_bytes=1500, transport="node_shm"))
+    assert fresh.calls.count("attach_node_staging") == 1
+
+
 def test_node_staging_corruption_fails_every_replica_reading_it(run_async) -> None:
     sd = _state(6)
 
