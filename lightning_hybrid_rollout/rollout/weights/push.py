@@ -8,7 +8,8 @@ How weights travel (CPU / any multi-node Ray cluster):
    zero-copy numpy views), laid out one after the other.
 2. **Paths**: replicas on the trainer's node (every hybrid replica; standalone ones placed there) map one node-local
    shared-memory file the trainer writes each bucket into **once** (:class:`~.staging.SharedStaging`, reused across
-   pushes; ``attach_node_staging``) and load zero-copy views straight from it (``load_weight_from_node_staging``).
+   pushes; ``attach_node_staging``, asked once per replica and file) and load zero-copy views straight from it
+   (``load_weight_from_node_staging``).
    Replicas on other nodes: each bucket is ``ray.put`` once; the replica actor copies it into its engine's own
    staging file and the engine loads views from that (``load_weight_bucket``).
 3. **Stream** (default): while the trainer writes bucket k+1 the replicas already load bucket k (each replica:
