@@ -35,21 +35,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from lightning_hybrid_rollout.rollout.event_loop import EventLoopThread
+from lightning_hybrid_rollout.rollout.weights.push import driver_node_id
 from lightning_hybrid_rollout.trace import GENERATED_TOKENS, IN_FLIGHT
 
 __all__ = ["DecodeProgressProbe"]
 
 log = logging.getLogger(__name__)
-
-
-def _ray_node_id() -> str:
-    """This process's Ray node id ("" when Ray is not connected)."""
-    try:
-        import ray
-
-        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
-    except Exception:  # pragma: no cover - Ray missing or not connected
-        return ""
 
 
 class DecodeProgressProbe:
@@ -73,7 +64,7 @@ class DecodeProgressProbe:
         track_of: Callable[[str], str],
         *,
         timeout_s: float = 30.0,
-        local_node_id: Callable[[], str] = _ray_node_id,
+        local_node_id: Callable[[], str] = driver_node_id,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._trace = trace

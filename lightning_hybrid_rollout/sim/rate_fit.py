@@ -20,8 +20,9 @@ average. A run without those counters keeps the default 1.
 
 from __future__ import annotations
 
+import bisect
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -201,11 +202,7 @@ def _fit_speed_while_training(
     """``replica.speed_while_training`` from the standalone replicas' ``generated_tokens`` / ``in_flight`` counters
     (see the module doc); the template's value without them."""
     lo, hi = window
-    training = [
-        (s.start_s, s.end_s)
-        for s in trace.spans_of(TRAINER_TRACK)
-        if s.name == "training" and min(s.end_s, hi) > max(s.start_s, lo)
-    ]
+    in_training = _coverage(trace, TRAINER_TRACK, "training")
     name = f"{role.section}.speed_while_training"
     inside: list[tuple[float, float]] = []  # (tokens, served seconds x g(m)) of each stretch inside a training span
     outside: list[tuple[float, float]] = []
@@ -220,20 +217,19 @@ def _fit_speed_while_training(
         tracks += 1
         cap = float(info.get("concurrency") or 0)
         loads = {round(c.t, 6): c.value for c in trace.counter_series(f"{IN_FLIGHT}.{replica}")}
-        active = [(s.start_s, s.end_s) for s in trace.spans_of(track) if s.name == "active"]
+        in_active = _coverage(trace, track, "active")
         for a, b in itertools.pairwise(series):
-            served = _overlap(a.t, b.t, active)
+            served = in_active(b.t) - in_active(a.t)
             if served <= 0 or b.value < a.value:
                 continue
-            m = [loads.get(round(c.t, 6)) for c in (a, b)]
-            if all(x is not None for x in m) and cap > 0:
-                m = [min(cap, float(x)) for x in m]  # type: ignore[arg-type]
+            ends = [loads.get(round(c.t, 6)) for c in (a, b)]
+            g = 1.0
+            if cap > 0 and None not in ends:
+                m = [min(cap, float(x)) for x in ends if x is not None]
                 if min(m) < 0.5 * cap:  # short of work (a full queue, the staleness budget): not a slow replica
                     continue
                 g = sum(x / (1.0 + beta * (x - 1.0)) for x in m) / 2.0
-            else:
-                g = 1.0
-            share = _overlap(a.t, b.t, training) / (b.t - a.t)
+            share = (in_training(b.t) - in_training(a.t)) / (b.t - a.t)
             if share >= 0.8:
                 inside.append((b.value - a.value, served * g))
             elif share <= 0.2:
@@ -268,7 +264,7 @@ def _average_over_outside(
     """``1 − f + r·f``: the role's average speed over its speed outside the trainer's ``training`` spans, ``f`` the
     share of its replicas' ``active`` time inside those spans (in ``window``), ``r`` = ``speed_factor``."""
     lo, hi = window
-    training = [(s.start_s, s.end_s) for s in trace.spans_of(TRAINER_TRACK) if s.name == "training"]
+    in_training = _coverage(trace, TRAINER_TRACK, "training")
     inside = total = 0.0
     for track, info in trace.tracks.items():
         if track.startswith("replica/") and info.get("kind") == role.kind:
@@ -276,7 +272,7 @@ def _average_over_outside(
                 a, b = max(s.start_s, lo), min(s.end_s, hi)
                 if s.name == "active" and b > a:
                     total += b - a
-                    inside += _overlap(a, b, training)
+                    inside += in_training(b) - in_training(a)
     share = inside / total if total > 0 else 0.0
     mix = 1.0 - share + speed_factor * share
     if speed_factor != 1.0:
@@ -290,9 +286,21 @@ def _average_over_outside(
     return mix
 
 
-def _overlap(a: float, b: float, spans: Sequence[tuple[float, float]]) -> float:
-    """Seconds of ``[a, b]`` inside ``spans``."""
-    return sum(max(0.0, min(b, y) - max(a, x)) for x, y in spans)
+def _coverage(trace: TraceData, track: str, name: str) -> Callable[[float], float]:
+    """``t -> seconds before t`` inside ``track``'s spans called ``name`` (one track's spans do not overlap), so a
+    stretch's overlap is a difference of two lookups (prefix sums, bisection)."""
+    spans = [(s.start_s, s.end_s) for s in trace.spans_of(track) if s.name == name]
+    starts = [a for a, _ in spans]
+    before = [0.0, *itertools.accumulate(b - a for a, b in spans)]
+
+    def covered(t: float) -> float:
+        i = bisect.bisect_right(starts, t)
+        if i == 0:
+            return 0.0
+        a, b = spans[i - 1]
+        return before[i - 1] + min(t, b) - a
+
+    return covered
 
 
 def occupancy(

@@ -32,7 +32,6 @@ import contextlib
 import dataclasses
 import logging
 import time
-import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +48,7 @@ from lightning_hybrid_rollout.rollout.weights.format import (
 )
 from lightning_hybrid_rollout.rollout.weights.receiver import Span, WeightReceiver
 from lightning_hybrid_rollout.rollout.weights.report import Reply, SyncReport, check_replies
-from lightning_hybrid_rollout.rollout.weights.staging import SharedStaging, node_stagings
+from lightning_hybrid_rollout.rollout.weights.staging import SharedStaging, attached_stagings, node_stagings
 
 logger = logging.getLogger(__name__)
 
@@ -156,36 +155,8 @@ class BucketPlan:
         return self.offsets[-1]
 
 
-class _AttachedStagings:
-    """Which node staging file each replica has attached (``attach_node_staging`` answered True): a later push to it
-    skips that round trip (~5-10 ms of a ~60-80 ms push of 84 MB to two CPU replicas) while the file is the same one.
-    A replica that fails a push is forgotten, so the next push asks it again. Holds the replicas weakly."""
-
-    def __init__(self) -> None:
-        self._by_id: dict[int, tuple[weakref.ref[Any], tuple[str, int, int]]] = {}
-
-    def get(self, replica: Any) -> tuple[str, int, int] | None:
-        entry = self._by_id.get(id(replica))
-        return entry[1] if entry is not None and entry[0]() is replica else None
-
-    def remember(self, replica: Any, staging: tuple[str, int, int]) -> None:
-        try:
-            key = id(replica)
-            ref = weakref.ref(replica, lambda _: self._by_id.pop(key, None))
-        except TypeError:  # not weakly referable (a test double): ask it every push
-            return
-        self._by_id[id(replica)] = (ref, staging)
-
-    def forget(self, replica: Any) -> None:
-        entry = self._by_id.get(id(replica))
-        if entry is not None and entry[0]() is replica:
-            del self._by_id[id(replica)]
-
-
-_attached = _AttachedStagings()
-
-
-def _driver_node_id() -> str:
+def driver_node_id() -> str:
+    """This process's Ray node id ("" when Ray is not connected)."""
     try:
         import ray
 
@@ -234,7 +205,7 @@ class _Push:
         """Attach the node staging file on the replicas that share the trainer's node; the others take Ray."""
         replicas, transport, buckets = self.replicas, self.transport, self.plan.buckets
         if transport != "ray" and replicas:
-            here = _driver_node_id()
+            here = driver_node_id()
             candidates = [
                 r
                 for r in replicas
@@ -246,9 +217,12 @@ class _Push:
                 staging.ensure(self.plan.total)
                 assert staging.path is not None
                 which = (staging.path, staging.size, staging.inode)
-                known = [r for r in candidates if _attached.get(r) == which]
-                self.node_local.update(r.replica_id for r in known)
-                ask = [r for r in candidates if _attached.get(r) != which]
+                ask = []
+                for r in candidates:
+                    if attached_stagings.get(r) == which:
+                        self.node_local.add(r.replica_id)
+                    else:
+                        ask.append(r)
                 attached = await asyncio.gather(
                     *(r.attach_node_staging(staging.path, staging.size, staging.inode) for r in ask),
                     return_exceptions=True,
@@ -256,7 +230,7 @@ class _Push:
                 for r, ok in zip(ask, attached):
                     if ok is True:
                         self.node_local.add(r.replica_id)
-                        _attached.remember(r, which)
+                        attached_stagings.remember(r, which)
                     elif transport == "node_shm":
                         self.failures[r.replica_id] = (
                             f"cannot map the trainer's node staging file {staging.path} ({ok!r}); is the replica on "
@@ -469,7 +443,7 @@ async def push_weights_async(
     except WeightSyncError:
         for r in replicas:  # a replica that failed re-attaches next time (its engine may have lost the mapping)
             if r.replica_id in push.failures:
-                _attached.forget(r)
+                attached_stagings.forget(r)
         raise
     logger.debug(
         "weight sync v%d: %.1f MB x %d replicas in %.3f s (%.2f GB/s; %s; trainer-side write %.3f s)",

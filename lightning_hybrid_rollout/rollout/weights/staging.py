@@ -179,6 +179,39 @@ node_stagings = StagingPool()
 """The process's node staging files, reused across pushes."""
 
 
+class AttachedStagings:
+    """Which node staging file each replica has attached (``attach_node_staging`` answered True): a later push to it
+    skips that round trip (~5-10 ms of a ~60-80 ms push of 84 MB to two CPU replicas) while the file is the same one.
+    A replica that fails a push is forgotten, so the next push asks it again. Holds the replicas weakly."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[weakref.ref[Any], tuple[str, int, int]]] = {}
+
+    def get(self, replica: Any) -> tuple[str, int, int] | None:
+        """``(path, size, inode)`` of the file ``replica`` attached, or None if not known."""
+        entry = self._by_id.get(id(replica))
+        return entry[1] if entry is not None and entry[0]() is replica else None
+
+    def remember(self, replica: Any, staging: tuple[str, int, int]) -> None:
+        """``replica`` attached ``staging`` (``(path, size, inode)``)."""
+        try:
+            key = id(replica)
+            ref = weakref.ref(replica, lambda _: self._by_id.pop(key, None))
+        except TypeError:  # not weakly referable (a test double): ask it every push
+            return
+        self._by_id[id(replica)] = (ref, staging)
+
+    def forget(self, replica: Any) -> None:
+        """Ask ``replica`` again at its next push."""
+        entry = self._by_id.get(id(replica))
+        if entry is not None and entry[0]() is replica:
+            del self._by_id[id(replica)]
+
+
+attached_stagings = AttachedStagings()
+"""The process's record of which replicas mapped which node staging file (``push.py`` reads and updates it)."""
+
+
 def release_node_stagings() -> None:
     """Free the node staging files kept for later pushes (call when the run ends; also runs at exit)."""
     node_stagings.close_all()
