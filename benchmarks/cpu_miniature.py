@@ -28,8 +28,12 @@ to rollout), the switch costs per pool operation and the machine's load average 
 the run's balance bound and efficiency with the time breakdown of the simulator
 (:mod:`lightning_hybrid_rollout.run_bound`, from the run's ``trace.json``: the bound from its own training compute,
 tokens trained and the replicas' decode rates while serving; efficiency = bound / the trainer's traced wall time).
-Runs alternate (static, dynamic, then dynamic, static, ... with ``--repeats``) so load drift hits both; the speedup
-is the median over repeats of (static wall time / dynamic wall time) of adjacent runs. The line before the last is
+Runs are bracketed by default (``--order bracket``): static, the dynamic policies, static, the dynamic policies, ...,
+static, i.e. ``--repeats`` rounds of dynamic runs and one static run more, round ``i``'s dynamic runs between the
+static runs ``r{i}`` and ``r{i+1}``; a dynamic run's speedup is the mean of the two static walls around it over its
+own wall, so a machine whose speed drifts linearly over the round slows both sides alike (the machine here drifts by
+15-50% over minutes). ``--order alternate`` runs (static, dynamic, then dynamic, static, ...) and pairs adjacent
+runs, as before 2026-12-03. The speedup is the median over repeats of those ratios. The line before the last is
 ``best efficiency: 0.XX (policy)`` (the run with the highest efficiency); the LAST line printed is exactly
 ``speedup: X.XX``, of ``--speedup-policy`` (``rate_matched``, the best configuration measured: issue #14's 3-repeat
 run gave it speedup 1.40 and efficiency 0.93, against 1.26 / 0.88 for ``default`` and 1.17 / 0.81 for
@@ -49,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import math
 import os
@@ -493,7 +498,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--speedup-policy", default="rate_matched", help="the dynamic policy of the last line (the best configuration)"
     )
-    p.add_argument("--repeats", type=int, default=3, help="rounds of (static, dynamic, ...), order alternating")
+    p.add_argument("--repeats", type=int, default=3, help="rounds of dynamic runs (each policy once per round)")
+    p.add_argument(
+        "--order",
+        choices=ORDERS,
+        default="bracket",
+        help="bracket: static, dynamic..., static, ... (repeats + 1 static runs; a dynamic run against the mean of "
+        "the static runs around it); alternate: (static, dynamic), then (dynamic, static), ... (adjacent pairs)",
+    )
     p.add_argument("--steps", type=int, default=64, help="optimizer steps per run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--task", default="copy", choices=["copy", "reverse", "arithmetic"])
@@ -569,19 +581,43 @@ def main(argv: list[str] | None = None) -> None:
     )
     results: dict[str, list[dict[str, Any]]] = {pol: [] for pol in policies}
     try:
-        for rep in range(args.repeats):
-            order = policies if rep % 2 == 0 else [policies[0], *policies[1:]][::-1]
-            for pol in order:
-                tag = f"{pol}_r{rep + 1}"
-                summary, total_s = _run_one(pol, tag, work, base_model, args)
-                results[pol].append(summary)
-                print(_line(tag, summary, total_s), flush=True)
+        for pol, rep in run_order(policies, args.repeats, args.order):
+            tag = f"{pol}_r{rep}"
+            summary, total_s = _run_one(pol, tag, work, base_model, args)
+            results[pol].append(summary)
+            print(_line(tag, summary, total_s), flush=True)
     finally:
         if not args.out:
             shutil.rmtree(work, ignore_errors=True)
 
     print(f"total benchmark time {time.monotonic() - t_all:.0f} s")
     _report(policies, results, args.speedup_policy)
+
+
+ORDERS = ("bracket", "alternate")
+
+
+def run_order(policies: list[str], repeats: int, order: str) -> list[tuple[str, int]]:
+    """The runs in the order they run, as ``(policy, repeat)`` (repeats from 1; ``policies[0]`` is the static one).
+
+    ``bracket``: each round's static run, then its dynamic runs; a closing static run ``repeats + 1``.
+    ``alternate``: round 1 in ``policies`` order, round 2 reversed, ...; every policy once per round."""
+    if order == "bracket":
+        rounds = [[(pol, rep + 1) for pol in policies] for rep in range(repeats)]
+        return [run for r in rounds for run in r] + [(policies[0], repeats + 1)]
+    if order == "alternate":
+        return [(pol, rep + 1) for rep in range(repeats) for pol in (policies if rep % 2 == 0 else policies[::-1])]
+    raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+
+
+def static_reference(static: list[float], dynamic_runs: int) -> list[float]:
+    """Per dynamic repeat, the static value it is measured against: with one static run more than dynamic ones (the
+    ``bracket`` order), the mean of the static runs before and after it; with as many (``alternate``), its pair's."""
+    if len(static) == dynamic_runs + 1:
+        return [(a + b) / 2 for a, b in itertools.pairwise(static)]
+    if len(static) == dynamic_runs:
+        return list(static)
+    raise ValueError(f"{len(static)} static runs for {dynamic_runs} dynamic ones: expected as many or one more")
 
 
 def _pooled(runs: list[dict[str, Any]]) -> tuple[float, float]:
@@ -609,7 +645,9 @@ def _report(policies: list[str], results: dict[str, list[dict[str, Any]]], speed
     spread = max(r["reward_final"] for r in static) - min(r["reward_final"] for r in static)
     speedups: dict[str, float] = {}
     for pol in policies[1:]:
-        ratios = [s["train_wall_s"] / d["train_wall_s"] for s, d in zip(static, results[pol])]
+        dyn = results[pol]
+        reference = static_reference([r["train_wall_s"] for r in static], len(dyn))
+        ratios = [s / d["train_wall_s"] for s, d in zip(reference, dyn)]
         speedups[pol] = statistics.median(ratios)
         d_mean, d_sem = _pooled(results[pol])
         noise = 2 * math.sqrt(s_sem**2 + d_sem**2)
@@ -619,8 +657,9 @@ def _report(policies: list[str], results: dict[str, list[dict[str, Any]]], speed
             f"{d_mean - s_mean:+.3f} vs static, {verdict} (2 x combined s.e. {noise:.3f}"
             + (f", static run-to-run spread {spread:.3f})" if len(static) > 1 else ")")
         )
-        speeds = [(s.get("probe_ms_mean"), d.get("probe_ms_mean")) for s, d in zip(static, results[pol])]
-        if all(a and b for a, b in speeds):
+        probes = [r.get("probe_ms_mean") for r in static]
+        if all(probes) and all(d.get("probe_ms_mean") for d in dyn):
+            speeds = list(zip(static_reference(probes, len(dyn)), (d["probe_ms_mean"] for d in dyn)))
             # the dynamic run's wall on the static run's machine: divided by how much slower its cores ran
             equal = [r * b / a for r, (a, b) in zip(ratios, speeds)]
             print(

@@ -13,17 +13,22 @@ it kept (``--reuse OUT``: every ``static_fully_async_r{i}`` / ``rate_matched_r{i
 2. calibrated from the dynamic run, it simulates the static run (the static run's options from its saved config);
 3. for information only (not in the worst error), the dynamic run from its own calibration.
 
-Rounds: ``cpu_miniature`` runs ``R`` rounds of (static, dynamic), the order alternating between rounds, so round
-``i``'s two runs (``static_fully_async_r{i}``, ``rate_matched_r{i}``) ran one right after the other. Each round is
-compared on its own (its runs only: calibrated from one, predicting the other). On the shared 2-core machine the
-speed drifts by 15-30% between runs minutes apart (one real pair: the dynamic run 1.29x faster on training and 1.30x
-on decode than the static one, worst error 0.256, against 0.013 on a pair where the speed held), and a prediction
-across two runs carries that drift; the reported figures are therefore medians over the rounds, as the other
-acceptance figures (``cpu_miniature``'s 3-repeat medians): per prediction (row), the median over the rounds of its
-``|predicted / real - 1|``; the speedup error, the median over the rounds of ``|predicted - real speedup|``
-(``statistics.median``: with an even number of rounds, the mean of the middle two). Each round also prints how fast
-the machine ran in its dynamic run against its static one (a diagnostic, read by no counted prediction: only by
-the machine-drift-corrected ones below, information).
+Rounds: ``cpu_miniature --order bracket`` (the default here, ``--order``) runs static, dynamic, static, dynamic, ...,
+static: ``R`` dynamic runs ``rate_matched_r{i}``, each between the static runs ``static_fully_async_r{i}`` and
+``static_fully_async_r{i+1}``. On the shared 2-core machine the speed drifts by 15-50% over minutes (one real pair:
+the dynamic run 1.29x faster on training and 1.30x on decode than the static one, worst error 0.256, against 0.013
+on a pair where the speed held), and a prediction across two runs carries that drift. A bracketed round is compared
+against both static runs (:func:`compare` with each) and the two comparisons are averaged (:func:`bracketed`): the
+real static wall is the mean of the two, the dynamic run is predicted from each static run's calibration and the two
+predictions averaged, the static run predicted from the dynamic run's calibration is compared with the mean of the
+two real ones, and the speedups are the mean static wall over the dynamic one, real and predicted. A drift linear
+over the three runs then cancels. ``--order alternate`` runs ``R`` adjacent pairs (static, dynamic), then (dynamic,
+static), ...; round ``i`` is its two runs. Each round is compared on its own, and the reported figures are medians
+over the rounds, as the other acceptance figures (``cpu_miniature``'s 3-repeat medians): per prediction (row), the
+median over the rounds of its ``|predicted / real - 1|``; the speedup error, the median over the rounds of
+``|predicted - real speedup|`` (``statistics.median``: with an even number of rounds, the mean of the middle two).
+Each round also prints how fast the machine ran in its dynamic run against its static one(s) (a diagnostic, read by
+no counted prediction: only by the machine-drift-corrected ones below, information).
 
 Machine-drift-corrected errors (information only: counted in neither of the last two lines, which stay the raw
 figures above): each of the two cross predictions is simulated again, its calibrated scenario (after the swap,
@@ -78,7 +83,7 @@ its machine-drift-corrected line (information), its speedup line and its worst e
 
 Usage::
 
-    .venv/bin/python benchmarks/planner_fidelity.py                   # 3 rounds = 6 real runs (~12-15 min, 2 cores)
+    .venv/bin/python benchmarks/planner_fidelity.py                   # 3 rounds = 7 real runs (~14-17 min, 2 cores)
     .venv/bin/python benchmarks/planner_fidelity.py --out /tmp/pf_runs --steps 64 --repeats 3
     .venv/bin/python benchmarks/planner_fidelity.py --reuse /tmp/pf_runs   # offline: every *_r{i} pair (~2 s a pair)
     .venv/bin/python benchmarks/planner_fidelity.py --reuse /tmp/pf_runs/static_fully_async_r1 \\
@@ -280,6 +285,8 @@ class Comparison:
     machine_probe: float | None = None
     #: ``replica.speed_while_training`` fitted from the static run and from the dynamic run (1.0: not measured).
     speed_while_training: tuple[float, float] = (1.0, 1.0)
+    #: Whether the static side is the mean of the static runs before and after the dynamic one (:func:`bracketed`).
+    bracketed: bool = False
 
     def training_line(self) -> str:
         """The standalone replica's speed while the trainer trains, as each run's calibration fitted it."""
@@ -382,6 +389,17 @@ class Comparison:
             f"(static calibration), speedup error: {self.speedup_error:.3f}",
             f"worst relative error: {self.worst_relative_error:.3f}",
         ]
+
+
+def round_header(label: str, c: Comparison) -> str:
+    """The first line of a round's block: which runs it compares."""
+    if not c.bracketed:
+        return f"round {label}: {STATIC}_{label} and {DYNAMIC}_{label} (run one after the other)"
+    after = f"r{int(label[1:]) + 1}"
+    return (
+        f"round {label}: {DYNAMIC}_{label} between {STATIC}_{label} and {STATIC}_{after} (run in that order; the "
+        "static side, real and predicted, is the mean of the two, each prediction from each static run's calibration)"
+    )
 
 
 WALL_NOTE = (
@@ -506,7 +524,7 @@ class Rounds:
         n = len(self.rounds)
         out: list[str] = []
         for label, c in self.rounds:
-            out.append(f"round {label}: {STATIC}_{label} and {DYNAMIC}_{label} (run one after the other)")
+            out.append(round_header(label, c))
             out += c.table(indent="  ")
             out.append("  " + c.training_line())
             out.append("  " + c.drift_line())
@@ -696,9 +714,60 @@ def machine_probe(static_dir: Path, dynamic_dir: Path) -> float | None:
     return times[0] / times[1]
 
 
-def find_rounds(out: str | Path) -> list[tuple[str, Path, Path]]:
-    """The rounds ``cpu_miniature`` left under ``out``: ``(r{i}, static_fully_async_r{i}, rate_matched_r{i})`` by
-    ``i``; every round must have both runs."""
+def bracketed(before: Comparison, after: Comparison) -> Comparison:
+    """One dynamic run compared against the static runs before and after it (``cpu_miniature --order bracket``):
+    ``before`` and ``after`` are :func:`compare` of the same dynamic run with each static run. Every wall (real,
+    predicted, corrected), lag and machine-speed ratio is the mean of the two (speed ratios: the geometric mean), so
+    the speedups are the mean static wall over the dynamic one, real and predicted alike: a machine whose speed
+    drifts linearly across the three runs moves the static side by the dynamic run's own drift, and the
+    predictions from the two static calibrations bracket it the same way."""
+    if [(p.run, p.calibrated_from) for p in before.predictions] != [
+        (p.run, p.calibrated_from) for p in after.predictions
+    ]:
+        raise ValueError("the two comparisons do not make the same predictions")
+
+    def mean(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else (a + b) / 2
+
+    predictions = [
+        Prediction(
+            a.run,
+            a.calibrated_from,
+            (a.real_s + b.real_s) / 2,
+            (a.predicted_s + b.predicted_s) / 2,
+            counted=a.counted,
+            corrected_s=mean(a.corrected_s, b.corrected_s),
+            real_lag=(a.real_lag + b.real_lag) / 2,
+            predicted_lag=(a.predicted_lag + b.predicted_lag) / 2,
+            probe_corrected_s=mean(a.probe_corrected_s, b.probe_corrected_s),
+        )
+        for a, b in zip(before.predictions, after.predictions)
+    ]
+    static_self, dynamic_pred = predictions[0], predictions[1]
+    probe = None if before.machine_probe is None or after.machine_probe is None else before.machine_probe
+    return Comparison(
+        predictions=predictions,
+        real_speedup=static_self.real_s / dynamic_pred.real_s,
+        predicted_speedup=static_self.predicted_s / dynamic_pred.predicted_s,
+        machine_training=(before.machine_training * after.machine_training) ** 0.5,
+        machine_decode=(before.machine_decode * after.machine_decode) ** 0.5,
+        measured_hybrid_ratio=before.measured_hybrid_ratio,
+        hybrid_speed_ratio=before.hybrid_speed_ratio,
+        standalone_speed_with_hybrid=before.standalone_speed_with_hybrid,
+        machine_probe=None if probe is None else (before.machine_probe * after.machine_probe) ** 0.5,
+        speed_while_training=(
+            (before.speed_while_training[0] + after.speed_while_training[0]) / 2,
+            before.speed_while_training[1],
+        ),
+        bracketed=True,
+    )
+
+
+def find_rounds(out: str | Path) -> list[tuple[str, list[Path], Path]]:
+    """The rounds ``cpu_miniature`` left under ``out``, by ``i``: ``(r{i}, [static_fully_async_r{i}],
+    rate_matched_r{i})`` when every round has both runs (``--order alternate``); ``(r{i}, [static_fully_async_r{i},
+    static_fully_async_r{i+1}], rate_matched_r{i})`` when the static runs are numbered 1..R+1 and the dynamic ones
+    1..R (``--order bracket``: each dynamic run between two static ones)."""
     out = Path(out)
     if not out.is_dir():
         raise CalibrationError(f"{out} is not a folder")
@@ -707,6 +776,9 @@ def find_rounds(out: str | Path) -> list[tuple[str, Path, Path]]:
         m = re.fullmatch(rf"({STATIC}|{DYNAMIC})_r(\d+)", child.name)
         if m and child.is_dir():
             found[m.group(1)][int(m.group(2))] = child
+    statics, dynamics = sorted(found[STATIC]), sorted(found[DYNAMIC])
+    if dynamics and dynamics == list(range(1, len(dynamics) + 1)) and statics == list(range(1, len(dynamics) + 2)):
+        return [(f"r{i}", [found[STATIC][i], found[STATIC][i + 1]], found[DYNAMIC][i]) for i in dynamics]
     unpaired = sorted(set(found[STATIC]) ^ set(found[DYNAMIC]))
     if unpaired:
         raise CalibrationError(
@@ -714,12 +786,17 @@ def find_rounds(out: str | Path) -> list[tuple[str, Path, Path]]:
         )
     if not found[STATIC]:
         raise CalibrationError(f"{out} holds no {STATIC}_r{{i}} / {DYNAMIC}_r{{i}} run folders")
-    return [(f"r{i}", found[STATIC][i], found[DYNAMIC][i]) for i in sorted(found[STATIC])]
+    return [(f"r{i}", [found[STATIC][i]], found[DYNAMIC][i]) for i in statics]
 
 
 def compare_rounds(out: str | Path, **factors: float) -> Rounds:
-    """:func:`compare` on every round under ``out`` (:func:`find_rounds`), each round on its own."""
-    return Rounds([(label, compare(s, d, **factors)) for label, s, d in find_rounds(out)])
+    """:func:`compare` on every round under ``out`` (:func:`find_rounds`), each round on its own; a bracketed
+    round's two comparisons combined by :func:`bracketed`."""
+    rounds = []
+    for label, statics, dynamic in find_rounds(out):
+        pairs = [compare(s, dynamic, **factors) for s in statics]
+        rounds.append((label, pairs[0] if len(pairs) == 1 else bracketed(*pairs)))
+    return Rounds(rounds)
 
 
 def main(argv: list[str] | None = None) -> Comparison | Rounds:
@@ -731,7 +808,14 @@ def main(argv: list[str] | None = None) -> Comparison | Rounds:
         help="offline: OUT (every static_fully_async_r{i} / rate_matched_r{i} pair under it, medians over the "
         "rounds) or STATIC_DIR DYNAMIC_DIR (one pair)",
     )
-    p.add_argument("--repeats", type=int, default=3, help="rounds of (static, dynamic) real runs (cpu_miniature's)")
+    p.add_argument("--repeats", type=int, default=3, help="rounds of real runs (cpu_miniature's)")
+    p.add_argument(
+        "--order",
+        choices=("bracket", "alternate"),
+        default="bracket",
+        help="cpu_miniature's run order: bracket (static, dynamic, static, ...: each dynamic run compared with the "
+        "mean of the static runs around it; repeats + 1 static runs) or alternate (adjacent (static, dynamic) pairs)",
+    )
     p.add_argument("--steps", type=int, default=64, help="optimizer steps per real run")
     p.add_argument("--out", default=None, help="keep the real runs' folders here (default: a temp dir)")
     p.add_argument("--hybrid-speed-ratio", type=float, default=HYBRID_SPEED_RATIO)
@@ -764,6 +848,8 @@ def main(argv: list[str] | None = None) -> Comparison | Rounds:
                     DYNAMIC,
                     "--repeats",
                     str(args.repeats),
+                    "--order",
+                    args.order,
                     "--steps",
                     str(args.steps),
                     "--out",

@@ -134,14 +134,17 @@ def test_another_workload_is_not_predicted(tmp_path):
         _bench().compare(static_dir, dynamic_dir)
 
 
-def _rounds_out(tmp_path: Path, stretched: dict[int, float], n: int = 3) -> Path:
-    """The recorded pair copied as rounds r1..rn under one OUT folder, round i's dynamic trace × stretched[i]."""
+def _rounds_out(tmp_path: Path, stretched: dict[int, float], n: int = 3, bracket: bool = False) -> Path:
+    """The recorded pair copied as rounds r1..rn under one OUT folder, round i's dynamic trace × stretched[i]; with
+    ``bracket``, one static run more (``static_fully_async_r{n+1}``: ``cpu_miniature --order bracket``'s layout)."""
     out = tmp_path / "out"
     for i in range(1, n + 1):
         shutil.copytree(STATIC, out / f"static_fully_async_r{i}")
         shutil.copytree(DYNAMIC, out / f"rate_matched_r{i}")
         if i in stretched:
             _stretch(out / f"rate_matched_r{i}" / "trace.json", stretched[i])
+    if bracket:
+        shutil.copytree(STATIC, out / f"static_fully_async_r{n + 1}")
     return out
 
 
@@ -201,8 +204,9 @@ def test_a_real_run_passes_repeats_and_compares_every_round(tmp_path, monkeypatc
         def main(argv: list[str]) -> None:
             calls.append(argv)
             out, repeats = Path(argv[argv.index("--out") + 1]), int(argv[argv.index("--repeats") + 1])
+            bracket = argv[argv.index("--order") + 1] == "bracket"
             (out / "base_model").mkdir(parents=True)
-            _rounds_out(tmp_path / "made", {}, n=repeats).rename(out / "rounds")
+            _rounds_out(tmp_path / "made", {}, n=repeats, bracket=bracket).rename(out / "rounds")
             for run in (out / "rounds").iterdir():
                 run.rename(out / run.name)
 
@@ -211,8 +215,10 @@ def test_a_real_run_passes_repeats_and_compares_every_round(tmp_path, monkeypatc
     argv = calls[0]
     assert argv[argv.index("--repeats") + 1] == "3"  # the default: 3 rounds, as the other acceptance figures
     assert argv[argv.index("--policies") + 1] == "static_fully_async,rate_matched"
+    assert argv[argv.index("--order") + 1] == "bracket"  # the default: each dynamic run between two static ones
     assert argv[-2:] == ["--set", "async_training.overlap_sync=true"]
     assert [label for label, _ in rounds.rounds] == ["r1", "r2", "r3"]
+    assert all(c.bracketed for _, c in rounds.rounds)
     assert rounds.worst_relative_error == pytest.approx(bench.compare(STATIC, DYNAMIC).worst_relative_error)
     assert capsys.readouterr().out.splitlines()[-1].startswith("worst relative error: ")
 
@@ -225,13 +231,26 @@ def test_reuse_out_needs_both_runs_of_every_round(tmp_path):
         bench.find_rounds(out)
     shutil.copytree(STATIC, out / "static_fully_async_r1")
     shutil.copytree(DYNAMIC, out / "rate_matched_r1")
-    shutil.copytree(STATIC, out / "static_fully_async_r2")
+    shutil.copytree(DYNAMIC, out / "rate_matched_r2")
     with pytest.raises(CalibrationError, match=r"round\(s\) r2 lack"):
         bench.find_rounds(out)
-    shutil.copytree(DYNAMIC, out / "rate_matched_r2")
+    shutil.copytree(STATIC, out / "static_fully_async_r2")
     shutil.copytree(STATIC, out / "static_fully_async_r10")
     shutil.copytree(DYNAMIC, out / "rate_matched_r10")
-    assert [label for label, _, _ in bench.find_rounds(out)] == ["r1", "r2", "r10"]  # by number
+    rounds = bench.find_rounds(out)
+    assert [label for label, _, _ in rounds] == ["r1", "r2", "r10"]  # by number
+    assert all(len(statics) == 1 for _, statics, _ in rounds)  # pairs: every round has both runs
+    # one static run more, numbered 1..R+1 against 1..R (cpu_miniature --order bracket): each dynamic run between two
+    shutil.rmtree(out / "static_fully_async_r10")
+    shutil.rmtree(out / "rate_matched_r10")
+    shutil.copytree(STATIC, out / "static_fully_async_r3")
+    assert [(label, [s.name for s in statics], d.name) for label, statics, d in bench.find_rounds(out)] == [
+        ("r1", ["static_fully_async_r1", "static_fully_async_r2"], "rate_matched_r1"),
+        ("r2", ["static_fully_async_r2", "static_fully_async_r3"], "rate_matched_r2"),
+    ]
+    shutil.copytree(STATIC, out / "static_fully_async_r5")  # not 1..R+1: neither layout
+    with pytest.raises(CalibrationError, match=r"round\(s\) r3, r5 lack"):
+        bench.find_rounds(out)
     with pytest.raises(SystemExit):
         bench.main(["--reuse", str(out), str(out), str(out)])
 
@@ -333,3 +352,39 @@ def test_the_probe_corrected_predictions_follow_the_independent_machine_speed_pr
     assert "machine-speed probe" in probed.probe_line() and "0.80x" in probed.probe_line()
     bench.main(["--reuse", str(static_dir), str(dynamic_dir)])
     assert "0.80x" not in capsys.readouterr().out.splitlines()[-1]
+
+
+def test_a_bracketed_round_cancels_a_machine_drift_linear_across_its_three_runs(tmp_path, capsys):
+    """static r1 on a machine 1.15x as fast, the dynamic run as recorded, static r2 1.15x as slow (a linear drift):
+    each pair alone is off by the drift, the bracketed round (the static side the mean of the two) is the recorded
+    pair's figures."""
+    bench = _bench()
+    base = bench.compare(STATIC, DYNAMIC)
+    out = _rounds_out(tmp_path, {}, n=1, bracket=True)
+    _stretch(out / "static_fully_async_r1" / "trace.json", 1 / 1.15)
+    _stretch(out / "static_fully_async_r2" / "trace.json", 1.15)
+    rounds = bench.main(["--reuse", str(out)])
+    lines = capsys.readouterr().out.splitlines()
+    ((label, c),) = rounds.rounds
+    assert label == "r1" and c.bracketed
+    before = bench.compare(out / "static_fully_async_r1", out / "rate_matched_r1")
+    after = bench.compare(out / "static_fully_async_r2", out / "rate_matched_r1")
+    # either static run alone: the drift is in the speedup and in the predictions of the dynamic run
+    assert min(before.speedup_error, after.speedup_error) > 0.1
+    assert min(before.predictions[1].relative_error, after.predictions[1].relative_error) > 0.08
+    # the mean of the two: the walls average, the speedups are the mean static wall over the dynamic one
+    for p, a, b in zip(c.predictions, before.predictions, after.predictions):
+        assert p.real_s == pytest.approx((a.real_s + b.real_s) / 2)
+        assert p.predicted_s == pytest.approx((a.predicted_s + b.predicted_s) / 2)
+    assert c.real_speedup == pytest.approx(c.predictions[0].real_s / c.predictions[1].real_s)
+    assert c.predicted_speedup == pytest.approx(c.predictions[0].predicted_s / c.predictions[1].predicted_s)
+    # ... which cancels the linear drift: the recorded pair's errors, within a percent
+    for p, q in zip(c.predictions, base.predictions):
+        assert p.predicted_s / p.real_s == pytest.approx(q.predicted_s / q.real_s, abs=0.015)
+    assert c.speedup_error == pytest.approx(base.speedup_error, abs=0.02)
+    assert c.machine_training == pytest.approx(1.0, abs=0.02)
+    assert rounds.worst_relative_error < 0.10 and rounds.speedup_error < 0.07
+    assert lines[0].startswith(
+        "round r1: rate_matched_r1 between static_fully_async_r1 and static_fully_async_r2 (run in that order"
+    )
+    assert float(lines[-1].rsplit(" ", 1)[1]) == pytest.approx(rounds.worst_relative_error, abs=5e-4)
