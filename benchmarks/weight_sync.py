@@ -10,9 +10,11 @@ How it counts:
   (trainer-side bucketing + hashing + ``ray.put``, fan-out, each replica copying into its staging file, vLLM's
   in-place reload, the worker's hashing and read-back, all replicas done). Median over the timed pushes (the first
   push warms the object store and is reported but not counted).
-- **memcpy GB/s** = the same tensors copied once, in this process, on one thread, two ways: ``torch.clone`` of every
-  tensor (a fresh destination, as a receiver needs) and ``Tensor.copy_`` into preallocated warm tensors (raw memory
-  bandwidth). Best of several runs each.
+- **memcpy GB/s** = tensors of the same shapes and dtypes copied once, on one thread, in a fresh interpreter, two
+  ways: ``torch.clone`` of every tensor into fresh pages (a fresh destination, as a receiver needs; glibc's mmap
+  threshold is pinned there, else after a few frees a clone lands in already-mapped memory and reads 15-17 GB/s
+  instead of 2-3) and ``Tensor.copy_`` into preallocated warm tensors (raw memory bandwidth). Best of 5 runs each,
+  measured before and after the pushes and averaged (the host's speed drifts).
 
 The LAST line is ``ratio: X.XX`` = achieved / clone memcpy GB/s (target >= 0.5); the line before it gives the
 ratio against warm ``copy_`` too.
@@ -28,35 +30,56 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+#: The memcpy baseline, run in a fresh interpreter (:func:`memcpy_gbps`): argv[1] the tensors' shapes and dtypes as
+#: JSON, argv[2] the runs; prints ``{"clone": GB/s, "copy": GB/s, "clones": [...]}``.
+_BASELINE = r"""
+import ctypes, ctypes.util, json, sys, time
+import torch
 
-def memcpy_gbps(tensors: list[Any], runs: int = 5) -> tuple[float, float]:
-    """(clone GB/s, warm copy_ GB/s) for copying ``tensors`` once; best of ``runs``."""
-    import torch
+specs, runs = json.loads(sys.argv[1]), int(sys.argv[2])
+libc = ctypes.util.find_library("c")
+# glibc serves a large allocation from fresh pages (mmap) until a free raises its dynamic threshold; after that a
+# clone can land in freed, already-mapped memory and run at warm-copy speed (15-17 GB/s against 2-3 here). Pinning
+# the threshold at its initial 128 KiB keeps every clone's destination fresh, as a receiver's is.
+pinned = bool(libc) and ctypes.CDLL(libc).mallopt(-3, 128 * 1024) == 1  # M_MMAP_THRESHOLD
+torch.set_num_threads(1)  # memcpy is one thread; torch's 2-thread copies collapse when a core is busy
+tensors = [torch.randn(shape).to(getattr(torch, dtype)) for shape, dtype in specs]
+nbytes = sum(t.numel() * t.element_size() for t in tensors)
+dst = [torch.empty_like(t) for t in tensors]
+clones, copies = [], []
+for _ in range(runs):
+    t0 = time.perf_counter()
+    out = [t.clone() for t in tensors]
+    clones.append(nbytes / (time.perf_counter() - t0) / 1e9)
+    del out
+    t0 = time.perf_counter()
+    for d, t in zip(dst, tensors):
+        d.copy_(t)
+    copies.append(nbytes / (time.perf_counter() - t0) / 1e9)
+print(json.dumps({"clone": max(clones), "copy": max(copies), "clones": clones, "pinned": pinned}))
+"""
 
-    nbytes = sum(t.numel() * t.element_size() for t in tensors)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # memcpy is one thread; torch's 2-thread copies collapse when a core is busy
-    best_clone = best_copy = float("inf")
-    dst = [torch.empty_like(t) for t in tensors]
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        out = [t.clone() for t in tensors]
-        best_clone = min(best_clone, time.perf_counter() - t0)
-        del out
-        t0 = time.perf_counter()
-        for d, t in zip(dst, tensors):
-            d.copy_(t)
-        best_copy = min(best_copy, time.perf_counter() - t0)
-    torch.set_num_threads(threads)
-    return nbytes / best_clone / 1e9, nbytes / best_copy / 1e9
+
+def memcpy_gbps(tensors: list[Any], runs: int = 5) -> dict[str, Any]:
+    """Copying ``tensors`` once, on one thread, in a fresh interpreter (its allocator in a known state): ``clone``
+    (GB/s into fresh pages, best of ``runs``), ``copy`` (warm ``copy_`` into preallocated tensors, best of ``runs``),
+    ``clones`` (every clone run) and ``pinned`` (whether glibc's mmap threshold could be pinned)."""
+    specs = [[list(t.shape), str(t.dtype).removeprefix("torch.")] for t in tensors]
+    out = subprocess.run(
+        [sys.executable, "-c", _BASELINE, json.dumps(specs), str(runs)], check=True, capture_output=True, text=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 async def bench(args: argparse.Namespace, model_dir: Path, rt: Any) -> None:
@@ -108,8 +131,8 @@ async def bench(args: argparse.Namespace, model_dir: Path, rt: Any) -> None:
     t0 = time.perf_counter()
     expected = checksum_state(named)
     hash_s = time.perf_counter() - t0
-    clone_gbps, copy_gbps = memcpy_gbps([t for _, t in named])
     print(f"weights: {len(named)} tensors, {nbytes / 1e6:.1f} MB; trainer-side checksum {hash_s * 1e3:.0f} ms")
+    before = memcpy_gbps([t for _, t in named])
 
     reports = []
     for i in range(args.repeats + 1):
@@ -138,7 +161,10 @@ async def bench(args: argparse.Namespace, model_dir: Path, rt: Any) -> None:
                 for (rid, s), u in zip(rep.per_replica_seconds.items(), info)
             )
         )
+    after = memcpy_gbps([t for _, t in named])
     await generation_speed("after the pushes")  # the reloaded (re-packed) weights serve as fast as the originals
+    # the baseline before and after the pushes, averaged: a host whose speed drifts during the pushes moves both sides
+    clone_gbps, copy_gbps = (before["clone"] + after["clone"]) / 2, (before["copy"] + after["copy"]) / 2
     timed = reports[1:]
     secs = statistics.median(r.seconds for r in timed)
     achieved = nbytes * len(replicas) / secs / 1e9
@@ -151,7 +177,12 @@ async def bench(args: argparse.Namespace, model_dir: Path, rt: Any) -> None:
         commit = statistics.median(max(r.per_replica_commit_seconds.values()) for r in timed)
         print(f"staged: median commit (generation paused) {commit * 1e3:.0f} ms = {commit / secs:.2f} of the push")
     print(f"achieved: {achieved:.2f} GB/s (= tensor bytes x replicas / median push seconds)")
-    print(f"memcpy:   {clone_gbps:.2f} GB/s torch.clone, {copy_gbps:.2f} GB/s warm copy_ (same tensors, best of 5)")
+    print(
+        f"memcpy:   {clone_gbps:.2f} GB/s torch.clone into fresh pages (before the pushes {before['clone']:.2f}, "
+        f"after {after['clone']:.2f}; every run: {', '.join(f'{x:.2f}' for x in before['clones'] + after['clones'])}"
+        f"{'' if before['pinned'] and after['pinned'] else '; mmap threshold NOT pinned: a clone may reuse pages'}), "
+        f"{copy_gbps:.2f} GB/s warm copy_ (same shapes, best of 5, each in a fresh interpreter; mean of the two)"
+    )
     print(f"ratio vs warm copy_: {achieved / copy_gbps:.2f}")
     print(f"ratio: {achieved / clone_gbps:.2f}")
 
