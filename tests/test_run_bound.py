@@ -11,9 +11,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -32,6 +30,7 @@ from lightning_hybrid_rollout.sim import simulate
 from lightning_hybrid_rollout.sim.bound import bound_from_terms, peak_tokens_per_device_s
 from lightning_hybrid_rollout.sim.results import BREAKDOWN_KEYS as SIM_BREAKDOWN_KEYS
 from lightning_hybrid_rollout.trace import TraceWriter, load_trace
+from tests.benchmarks import load_benchmark
 from tests.sim.conftest import tiny_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -275,12 +274,7 @@ def test_a_recorded_real_run_reads_and_agrees_with_its_metrics_csv():
 
 
 def _miniature() -> Any:
-    spec = importlib.util.spec_from_file_location("cpu_miniature", ROOT / "benchmarks" / "cpu_miniature.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["cpu_miniature"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("cpu_miniature")
 
 
 def _result(wall: float, efficiency: float | None) -> dict[str, Any]:

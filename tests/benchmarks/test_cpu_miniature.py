@@ -3,27 +3,15 @@ runs are exercised by ``planner_fidelity`` and the docs; these are the pure part
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _module() -> Any:
-    spec = importlib.util.spec_from_file_location("cpu_miniature", ROOT / "benchmarks" / "cpu_miniature.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("cpu_miniature", module)
-    spec.loader.exec_module(module)
-    return module
+from tests.benchmarks import load_benchmark
 
 
 def test_the_bracket_order_puts_every_round_between_two_static_runs():
-    order = _module().run_order(["static_fully_async", "default", "rate_matched"], 2, "bracket")
+    order = load_benchmark("cpu_miniature").run_order(["static_fully_async", "default", "rate_matched"], 2, "bracket")
     assert order == [
         ("static_fully_async", 1),
         ("default", 1),
@@ -36,7 +24,7 @@ def test_the_bracket_order_puts_every_round_between_two_static_runs():
 
 
 def test_the_alternate_order_reverses_every_second_round():
-    order = _module().run_order(["static_fully_async", "rate_matched"], 3, "alternate")
+    order = load_benchmark("cpu_miniature").run_order(["static_fully_async", "rate_matched"], 3, "alternate")
     assert order == [
         ("static_fully_async", 1),
         ("rate_matched", 1),
@@ -46,11 +34,11 @@ def test_the_alternate_order_reverses_every_second_round():
         ("rate_matched", 3),
     ]
     with pytest.raises(ValueError, match="order must be one of"):
-        _module().run_order(["static_fully_async", "rate_matched"], 1, "random")
+        load_benchmark("cpu_miniature").run_order(["static_fully_async", "rate_matched"], 1, "random")
 
 
 def test_a_bracketed_dynamic_run_is_measured_against_the_mean_of_the_static_runs_around_it():
-    cm = _module()
+    cm = load_benchmark("cpu_miniature")
     # a machine slowing down linearly: static 40, 50, 60 s around dynamic runs that each took 1/1.25 of their time
     assert cm.static_reference([40.0, 50.0, 60.0], 2) == [45.0, 55.0]
     assert cm.static_reference([40.0, 50.0], 2) == [40.0, 50.0]  # alternate: its own pair
@@ -59,7 +47,7 @@ def test_a_bracketed_dynamic_run_is_measured_against_the_mean_of_the_static_runs
 
 
 def test_the_report_prints_the_bracketed_speedups_last(capsys):
-    cm = _module()
+    cm = load_benchmark("cpu_miniature")
 
     def run(wall: float, probe: float) -> dict[str, Any]:
         return {

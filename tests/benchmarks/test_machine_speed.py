@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("machine_speed", ROOT / "benchmarks" / "machine_speed.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("machine_speed", module)
-    spec.loader.exec_module(module)
-    return module
+from tests.benchmarks import load_benchmark
 
 
 def test_the_probe_times_its_work_unit_on_every_core_it_was_given():
-    ms = _module()
+    ms = load_benchmark("machine_speed")
     cores = sorted(os.sched_getaffinity(0))
     t0 = time.monotonic()
     with ms.MachineSpeedProbe(period_s=0.05) as probe:
@@ -39,7 +29,7 @@ def test_the_probe_times_its_work_unit_on_every_core_it_was_given():
 def test_the_probe_reads_cpu_time_not_the_time_it_waited_for_a_busy_core(monkeypatch):
     """A unit's reading is the core's time to run it: with another process busy on the same core, the wall time
     around a unit is about twice its reading (the scheduler shares the core), the reading itself is not."""
-    ms = _module()
+    ms = load_benchmark("machine_speed")
     monkeypatch.setattr(ms, "UNIT_ITERATIONS", 300_000)  # ~20 ms: several scheduler slices, so waits fall inside
     core = max(os.sched_getaffinity(0))
     before = os.sched_getaffinity(0)
@@ -60,7 +50,7 @@ def test_the_probe_reads_cpu_time_not_the_time_it_waited_for_a_busy_core(monkeyp
 
 
 def test_the_script_prints_the_slowest_over_fastest_window_last(capsys):
-    _module().main(["--seconds", "0.6", "--period", "0.05", "--window", "0.2"])
+    load_benchmark("machine_speed").main(["--seconds", "0.6", "--period", "0.05", "--window", "0.2"])
     last = capsys.readouterr().out.splitlines()[-1]
     assert last.startswith("slowest / fastest window: ")
     assert float(last.rsplit(" ", 1)[1]) >= 1.0

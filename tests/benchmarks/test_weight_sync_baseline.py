@@ -7,27 +7,15 @@ The baseline runs in a fresh interpreter with the threshold pinned, so every clo
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("weight_sync_bench", ROOT / "benchmarks" / "weight_sync.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("weight_sync_bench", module)
-    spec.loader.exec_module(module)
-    return module
+from tests.benchmarks import load_benchmark
 
 
 def test_every_clone_run_of_the_baseline_pays_for_fresh_pages():
     # 24 tensors of 4 MiB (over glibc's largest dynamic threshold, 32 MiB, in total: a reused heap would hold them)
     tensors = [torch.randn(2**20) for _ in range(24)] + [torch.randn(64, 64).half()]
-    result = _module().memcpy_gbps(tensors, runs=6)
+    result = load_benchmark("weight_sync").memcpy_gbps(tensors, runs=6)
     assert result["pinned"]
     assert len(result["clones"]) == 6 and result["clone"] == max(result["clones"])
     # a clone into fresh pages faults every page in: well below a warm copy into mapped memory, in every run
