@@ -744,7 +744,7 @@ def bracketed(before: Comparison, after: Comparison) -> Comparison:
         for a, b in zip(before.predictions, after.predictions)
     ]
     static_self, dynamic_pred = predictions[0], predictions[1]
-    probe = None if before.machine_probe is None or after.machine_probe is None else before.machine_probe
+    probes = (before.machine_probe, after.machine_probe)
     return Comparison(
         predictions=predictions,
         real_speedup=static_self.real_s / dynamic_pred.real_s,
@@ -754,7 +754,7 @@ def bracketed(before: Comparison, after: Comparison) -> Comparison:
         measured_hybrid_ratio=before.measured_hybrid_ratio,
         hybrid_speed_ratio=before.hybrid_speed_ratio,
         standalone_speed_with_hybrid=before.standalone_speed_with_hybrid,
-        machine_probe=None if probe is None else (before.machine_probe * after.machine_probe) ** 0.5,
+        machine_probe=None if None in probes else (probes[0] * probes[1]) ** 0.5,  # type: ignore[operator]
         speed_while_training=(
             (before.speed_while_training[0] + after.speed_while_training[0]) / 2,
             before.speed_while_training[1],
