@@ -83,7 +83,7 @@ its machine-drift-corrected line (information), its speedup line and its worst e
 
 Usage::
 
-    .venv/bin/python benchmarks/planner_fidelity.py                   # 3 rounds = 7 real runs (~14-17 min, 2 cores)
+    .venv/bin/python benchmarks/planner_fidelity.py                   # 3 rounds = 7 real runs (~12-15 min, 2 cores)
     .venv/bin/python benchmarks/planner_fidelity.py --out /tmp/pf_runs --steps 64 --repeats 3
     .venv/bin/python benchmarks/planner_fidelity.py --reuse /tmp/pf_runs   # offline: every *_r{i} pair (~2 s a pair)
     .venv/bin/python benchmarks/planner_fidelity.py --reuse /tmp/pf_runs/static_fully_async_r1 \\
