@@ -277,35 +277,6 @@ def _miniature() -> Any:
     return load_benchmark("cpu_miniature")
 
 
-def _result(wall: float, efficiency: float | None) -> dict[str, Any]:
-    return {
-        "train_wall_s": wall,
-        "reward_tail": [0.7, 0.72],
-        "reward_final": 0.71,
-        "wait_share": 0.5,
-        "activations": 4,
-        "cycles": 4,
-        "efficiency": efficiency,
-    }
-
-
-def test_the_cpu_miniature_ends_with_the_best_efficiency_then_the_speedup(capsys):
-    bench = _miniature()
-    assert bench.DEFAULT_POLICIES == ("static_fully_async", "default", "rate_matched", "hysteresis_ratio")
-    args = SimpleNamespace(deactivate_ratio=0.3, hysteresis_start_ratio=0.4)
-    assert [bench._start_ratio(p, args) for p in bench.DEFAULT_POLICIES[1:]] == [0.3, 0.3, 0.4]
-    policies = list(bench.DEFAULT_POLICIES)
-    results = {
-        "static_fully_async": [_result(60.0, 0.81)],
-        "default": [_result(50.0, 0.93)],
-        "rate_matched": [_result(49.0, None)],  # a trace without the terms
-        "hysteresis_ratio": [_result(52.0, 0.9)],
-    }
-    bench._report(policies, results, "default")
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[-2:] == ["best efficiency: 0.93 (default)", "speedup: 1.20"]
-
-
 def test_a_cpu_miniature_run_prints_its_bound_lines(tmp_path):
     bench = _miniature()
     write_runtime_trace(tmp_path)

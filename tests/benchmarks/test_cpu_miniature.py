@@ -1,8 +1,10 @@
-"""``benchmarks/cpu_miniature.py``'s run order and the static side each dynamic run is measured against (its real
-runs are exercised by ``planner_fidelity`` and the docs; these are the pure parts)."""
+"""``benchmarks/cpu_miniature.py``'s pure parts: the run order, the static side each dynamic run is measured against,
+and the report's last lines (its real runs are exercised by ``planner_fidelity`` and the docs; its per-run bound by
+``tests/test_run_bound.py``)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -46,23 +48,42 @@ def test_a_bracketed_dynamic_run_is_measured_against_the_mean_of_the_static_runs
         cm.static_reference([40.0, 50.0, 60.0], 1)
 
 
+def _result(wall: float, efficiency: float | None, probe_ms: float | None = None) -> dict[str, Any]:
+    """One run's summary as ``_report`` reads it (``probe_ms``: the machine-speed probe's mean unit, if any)."""
+    return {
+        "train_wall_s": wall,
+        "reward_tail": [0.7, 0.72],
+        "reward_final": 0.71,
+        "wait_share": 0.5,
+        "activations": 4,
+        "cycles": 4,
+        "efficiency": efficiency,
+        "probe_ms_mean": probe_ms,
+    }
+
+
+def test_the_cpu_miniature_ends_with_the_best_efficiency_then_the_speedup(capsys):
+    bench = load_benchmark("cpu_miniature")
+    assert bench.DEFAULT_POLICIES == ("static_fully_async", "default", "rate_matched", "hysteresis_ratio")
+    args = SimpleNamespace(deactivate_ratio=0.3, hysteresis_start_ratio=0.4)
+    assert [bench._start_ratio(p, args) for p in bench.DEFAULT_POLICIES[1:]] == [0.3, 0.3, 0.4]
+    policies = list(bench.DEFAULT_POLICIES)
+    results = {
+        "static_fully_async": [_result(60.0, 0.81)],
+        "default": [_result(50.0, 0.93)],
+        "rate_matched": [_result(49.0, None)],  # a trace without the terms
+        "hysteresis_ratio": [_result(52.0, 0.9)],
+    }
+    bench._report(policies, results, "default")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2:] == ["best efficiency: 0.93 (default)", "speedup: 1.20"]
+
+
 def test_the_report_prints_the_bracketed_speedups_last(capsys):
     cm = load_benchmark("cpu_miniature")
-
-    def run(wall: float, probe: float) -> dict[str, Any]:
-        return {
-            "train_wall_s": wall,
-            "reward_tail": [0.7, 0.8],
-            "reward_final": 0.75,
-            "wait_share": 0.5,
-            "activations": 4,
-            "cycles": 16,
-            "probe_ms_mean": probe,
-            "efficiency": 0.9,
-        }
-
-    static = [run(40.0, 1.0), run(50.0, 1.25), run(60.0, 1.5)]
-    dynamic = [run(36.0, 1.125), run(44.0, 1.375)]  # exactly 1.25x faster than the machine at their time
+    static = [_result(40.0, 0.9, 1.0), _result(50.0, 0.9, 1.25), _result(60.0, 0.9, 1.5)]
+    # each dynamic run exactly 1.25x faster than the machine's speed at its time (a linear slowdown)
+    dynamic = [_result(36.0, 0.9, 1.125), _result(44.0, 0.9, 1.375)]
     cm._report(
         ["static_fully_async", "rate_matched"], {"static_fully_async": static, "rate_matched": dynamic}, "rate_matched"
     )
