@@ -112,14 +112,18 @@ class HFReference:
 
     @staticmethod
     def perturbed_state(model: Any, seed: int, scale: float = 0.5) -> dict[str, Any]:
-        """Add seeded noise (``scale`` × each matrix's std) to ``model`` in place; returns a copy of its state dict."""
+        """Add seeded noise to ``model`` in place (``scale`` × each matrix's std; ``scale`` / 50 to each vector, the
+        norms' weights: small, but a push that skips them fails its read-back); returns a copy of its state dict."""
         import torch
 
         g = torch.Generator().manual_seed(seed)
+        g_vectors = torch.Generator().manual_seed(seed + 1_000_003)  # the matrices' noise stays what it was
         with torch.no_grad():
             for p in model.parameters():
                 if p.dim() > 1:
                     p.add_(torch.randn(p.shape, generator=g) * scale * p.std())
+                else:
+                    p.add_(torch.randn(p.shape, generator=g_vectors) * scale / 50)
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 

@@ -16,9 +16,11 @@ from lightning_hybrid_rollout.rollout.engine import SamplingSpec
 from lightning_hybrid_rollout.rollout.weights.format import (
     WeightBucket,
     checksum_state,
+    combine_digests,
     make_bucket,
     parse_safetensors,
     plan_buckets,
+    tensor_digest,
 )
 from lightning_hybrid_rollout.rollout.weights.push import PushHooks, push_weights, push_weights_async, seam
 from lightning_hybrid_rollout.rollout.weights.report import SyncReport
@@ -105,6 +107,33 @@ def test_bucket_is_valid_safetensors_and_roundtrips() -> None:
     # survives pickling (what ray.put does), payload stays raw bytes
     b2 = pickle.loads(pickle.dumps(b))
     assert isinstance(b2, WeightBucket) and b2.to_bytes() == blob
+
+
+def test_a_bucket_written_with_digests_records_each_tensor_s_checksum_digest() -> None:
+    sd = _state(2)
+    sd["model.layers.3.mlp.down_proj.weight"] = torch.randn(300, 1100)  # 1.3 MB: several hash chunks
+    sd["model.layers.3.empty"] = torch.empty(0, 4)
+    b = make_bucket(list(sd.items()))
+    buf, digests = np.zeros(b.nbytes + 16, dtype=np.uint8), {}
+    assert b.write_into(buf, 16, digests) == b.nbytes
+    assert digests == {n: tensor_digest(n, t) for n, t in sd.items()}
+    assert combine_digests(digests) == checksum_state(sd)
+    assert parse_safetensors(buf, 16)[0] and bytes(buf[16:]) == b.to_bytes()  # the copy is the same bytes
+
+
+def test_a_node_staging_push_hashes_the_trainer_s_tensors_while_writing_them(run_async, monkeypatch) -> None:
+    import lightning_hybrid_rollout.rollout.weights.push as push_mod
+
+    sd = _state(9)
+    expected = checksum_state(sd)
+
+    def no_second_pass(*args: Any) -> str:
+        raise AssertionError("the trainer's tensors were hashed in a pass of their own")
+
+    monkeypatch.setattr(push_mod, "checksum_state", no_second_pass)
+    reps = [FakeWeightReceiver("a"), FakeWeightReceiver("b")]
+    rep = run_async(push_weights_async(sd, reps, version=2, bucket_bytes=1500, transport="node_shm"))
+    assert rep.checksum == expected and set(rep.replica_checksums.values()) == {expected}
 
 
 def test_parse_rejects_corrupt_headers() -> None:

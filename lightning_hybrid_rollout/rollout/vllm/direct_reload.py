@@ -4,7 +4,10 @@ vLLM's layer-wise in-place reload materializes every layer, copies the new weigh
 the layer. On CPU, where vLLM keeps linear weights only as packed oneDNN handles, :class:`DirectReload` instead
 packs each linear layer's handle straight from the received (shared-memory) tensors (a fused ``qkv_proj`` /
 ``gate_up_proj`` from its parts, which sit next to each other in the bucket) and copies the other parameters in
-place through their own weight loaders: half the memory traffic, about 2x faster (``benchmarks/weight_sync.py``).
+place: half the memory traffic, about 2x faster (``benchmarks/weight_sync.py``). A parameter vLLM would load with
+its default loader under its own name (norms) is copied straight into place; the rest (embeddings: vocabulary
+padding) go through the model's ``load_weights``. Everything a bucket needs is looked up once, in :meth:`plan`: a
+push does no walk over the model's modules.
 
 It runs inside the vLLM worker (:class:`~.worker_extension.LHRWorkerExtension`), only where it is exact
 (:meth:`DirectReload.plan`); elsewhere the worker runs vLLM's layer-wise reload.
@@ -30,11 +33,16 @@ class DirectReload:
             embedding / LM head packs its weight for the logits matmul): re-processed after an in-place copy.
         aliases: Names of tied parameters other than the first (e.g. ``lm_head.weight`` tied to
             ``embed_tokens``): vLLM loads only the first name, so a bucket holding only the alias is skipped.
+        linears: ``module name -> module`` for every linear layer in ``parts``.
+        copies: ``name -> parameter`` for every checkpoint tensor vLLM would load with its default weight loader
+            into the parameter of the same name: copied in place (``copy_``), not through ``load_weights``.
     """
 
     parts: dict[str, tuple[str, int, int]]
     reprocess: dict[int, list[torch.nn.Module]]
     aliases: set[str]
+    linears: dict[str, torch.nn.Module]
+    copies: dict[str, torch.nn.Parameter]
 
     @classmethod
     def plan(cls, model: torch.nn.Module, checkpoint_names: set[str]) -> DirectReload | None:
@@ -47,6 +55,7 @@ class DirectReload:
         """
         from vllm import _custom_ops as ops
         from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
+        from vllm.model_executor.model_loader.weight_utils import default_weight_loader
         from vllm.platforms import current_platform
 
         if not current_platform.is_cpu() or not getattr(ops, "_supports_onednn", False):
@@ -61,6 +70,7 @@ class DirectReload:
         packed = dict(getattr(model, "packed_modules_mapping", {}) or {})
         parts: dict[str, tuple[str, int, int]] = {}
         reprocess: dict[int, list[torch.nn.Module]] = {}
+        linears: dict[str, torch.nn.Module] = {}
         for mname, mod in model.named_modules():
             qm = getattr(mod, "quant_method", None)
             if isinstance(mod, VocabParallelEmbedding) and isinstance(qm, UnquantizedEmbeddingMethod):
@@ -83,11 +93,22 @@ class DirectReload:
                 return None
             for i, n in enumerate(names):
                 parts[n] = (mname, i, len(names))
+            linears[mname] = mod
         if not parts:
             return None
         first: dict[int, str] = {}
         aliases = {n for n, p in model.named_parameters(remove_duplicate=False) if first.setdefault(id(p), n) != n}
-        return cls(parts, reprocess, aliases)
+        params = dict(model.named_parameters())
+        copies = {
+            n: p
+            for n, p in params.items()
+            if n in checkpoint_names
+            and n not in parts
+            and id(p) not in reprocess
+            and p.numel() > 0
+            and getattr(p, "weight_loader", default_weight_loader) is default_weight_loader
+        }
+        return cls(parts, reprocess, aliases, linears, copies)
 
     def load(self, model: torch.nn.Module, items: list[tuple[str, torch.Tensor]], source: Any) -> set[str]:
         """Load one bucket: pack each linear layer's weights from the received tensors, copy the rest in place
@@ -104,18 +125,23 @@ class DirectReload:
         """
         from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
-        modules = dict(model.named_modules())
         groups: dict[str, list[torch.Tensor | None]] = {}
         rest: list[tuple[str, torch.Tensor]] = []
+        loaded: set[str] = set()
         for name, tensor in items:
             hit = self.parts.get(name)
-            if hit is None:
-                if name not in self.aliases:
-                    rest.append((name, tensor))
-                continue
-            mname, i, n = hit
-            groups.setdefault(mname, [None] * n)[i] = tensor
-        loaded: set[str] = set()
+            if hit is not None:
+                mname, i, n = hit
+                groups.setdefault(mname, [None] * n)[i] = tensor
+            elif (param := self.copies.get(name)) is not None:
+                if param.shape != tensor.shape and not param.numel() == 1 == tensor.numel():
+                    raise RuntimeError(
+                        f"{name}: received a tensor of shape {tuple(tensor.shape)}, the model's is {tuple(param.shape)}"
+                    )
+                param.data.copy_(tensor.view(param.shape))  # what vLLM's default_weight_loader does
+                loaded.add(name)
+            elif name not in self.aliases:
+                rest.append((name, tensor))
         if rest:
             got = set(model.load_weights(rest) or ())
             loaded.update(got)
@@ -134,7 +160,7 @@ class DirectReload:
                     f"together (plan_buckets keeps decoder layers whole)"
                 )
             tensors: list[torch.Tensor] = received  # type: ignore[assignment]
-            mod = modules[mname]
+            mod = self.linears[mname]
             rows = sum(int(t.shape[0]) for t in tensors)
             cols = int(tensors[0].shape[1]) if tensors[0].dim() == 2 else -1
             want = (int(mod.output_size_per_partition), int(mod.input_size_per_partition))

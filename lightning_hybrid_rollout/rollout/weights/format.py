@@ -35,6 +35,9 @@ except ImportError:  # pragma: no cover - exercised only where xxhash is missing
 
     HASH_ALGO = "blake2b128"
 
+_HASH_CHUNK = 512 * 2**10
+"""Copy-then-hash granule of :meth:`WeightBucket.write_into` (fits a core's L2 twice over: source and destination)."""
+
 DEFAULT_BUCKET_BYTES = 32 * 2**20
 """The one default bucket size (trainer push, strategies' full-weight gather, benchmarks)."""
 
@@ -72,12 +75,16 @@ def _raw_bytes(t: torch.Tensor) -> np.ndarray:
     return t.view(torch.uint8).numpy()
 
 
+def _digest_start(name: str, dtype: str, shape: Sequence[int]) -> Any:
+    """A hasher fed with one tensor's name, dtype and shape: its raw bytes follow (:func:`tensor_digest`)."""
+    h = _new_hasher()
+    h.update(f"{name}\x00{dtype}\x00{list(shape)}\x00".encode())
+    return h
+
+
 def tensor_digest(name: str, tensor: torch.Tensor) -> str:
     """Hex digest of one named tensor (name, dtype, shape and raw bytes)."""
-    h = _new_hasher()
-    h.update(
-        f"{name}\x00{SAFETENSORS_DTYPES.get(tensor.dtype, str(tensor.dtype))}\x00{list(tensor.shape)}\x00".encode()
-    )
+    h = _digest_start(name, SAFETENSORS_DTYPES.get(tensor.dtype, str(tensor.dtype)), tensor.shape)
     h.update(_raw_bytes(tensor))
     return h.hexdigest()
 
@@ -140,16 +147,34 @@ class WeightBucket:
         """Size of the tensor data alone."""
         return sum(int(a.nbytes) for a in self.payload)
 
-    def write_into(self, buf: memoryview | np.ndarray, offset: int = 0) -> int:
-        """Copy the serialized bucket into ``buf`` at ``offset``; returns the number of bytes written."""
+    def write_into(self, buf: memoryview | np.ndarray, offset: int = 0, digests: dict[str, str] | None = None) -> int:
+        """Copy the serialized bucket into ``buf`` at ``offset``; returns the number of bytes written.
+
+        Args:
+            buf: The destination.
+            offset: Where the bucket starts in ``buf``.
+            digests: When given, each tensor's :func:`tensor_digest` is added to it (name -> digest), hashed from
+                the *source* bytes chunk by chunk right after each chunk is copied, while they are still in the
+                cache: the trainer-side checksum for about the cost of the copy alone, and still of the trainer's
+                own tensors (a write that corrupted the destination is caught by the readers' digests).
+        """
         dst = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) else buf
         pos = offset
         h = len(self.header)
         dst[pos : pos + h] = np.frombuffer(self.header, dtype=np.uint8)
         pos += h
-        for a in self.payload:
+        meta = json.loads(self.header[8:]) if digests is not None else None
+        for name, a in zip(self.names, self.payload):
             n = int(a.nbytes)
-            np.copyto(dst[pos : pos + n], a.reshape(-1).view(np.uint8), casting="no")
+            src = a.reshape(-1).view(np.uint8)
+            if meta is None:
+                np.copyto(dst[pos : pos + n], src, casting="no")
+            else:
+                hasher = _digest_start(name, meta[name]["dtype"], meta[name]["shape"])
+                for c in range(0, n, _HASH_CHUNK):
+                    np.copyto(dst[pos + c : pos + min(c + _HASH_CHUNK, n)], src[c : c + _HASH_CHUNK], casting="no")
+                    hasher.update(src[c : c + _HASH_CHUNK])
+                digests[name] = hasher.hexdigest()  # type: ignore[index]
             pos += n
         return pos - offset
 

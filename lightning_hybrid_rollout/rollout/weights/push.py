@@ -43,6 +43,7 @@ from lightning_hybrid_rollout.rollout.weights.format import (
     DEFAULT_BUCKET_BYTES,
     WeightBucket,
     checksum_state,
+    combine_digests,
     make_bucket,
     plan_buckets,
 )
@@ -200,6 +201,8 @@ class _Push:
         self.commit_seconds: dict[str, float] = {}
         self._staging_left = 0
         self._all_staged = asyncio.Event()
+        #: the trainer-side digests, hashed while the buckets are written (``None``: not asked for)
+        self.digests: dict[str, str] | None = None
 
     async def choose_paths(self) -> None:
         """Attach the node staging file on the replicas that share the trainer's node; the others take Ray."""
@@ -249,7 +252,7 @@ class _Push:
             for i, b in enumerate(plan.buckets):
                 if self.node_local:
                     assert staging is not None
-                    await asyncio.to_thread(staging.write, b, plan.offsets[i])
+                    await asyncio.to_thread(staging.write, b, plan.offsets[i], self.digests)
                     seam.staging_hook(staging, i, plan.offsets[i], b.nbytes)
                     for rid in self.node_local:
                         self.deliveries[rid][i].set_result((plan.offsets[i], b.nbytes))
@@ -413,15 +416,24 @@ async def push_weights_async(
         raise ValueError(f"push_weights: transport must be 'auto', 'ray' or 'node_shm', got {transport!r}")
     t0 = time.perf_counter()
     items = _to_cpu_items(named_tensors)
-    # the trainer-side checksum is only needed to judge the replicas' answers: hash while they load
-    checksum_job = (
-        asyncio.ensure_future(asyncio.to_thread(checksum_state, items)) if expected_checksum is None else None
-    )
     plan = BucketPlan.build(items, bucket_bytes, version)
     push = _Push(plan, replicas, version, transport, on_commit, put=ray.put, keep=keep)
     await push.choose_paths()
+    # the trainer-side checksum is only needed to judge the replicas' answers. Written into the node staging file,
+    # each tensor is hashed as it is copied (cache-hot, no second pass over memory); else hash while they load
+    checksum_job = None
+    if expected_checksum is None:
+        if push.node_local:
+            push.digests = {}
+        else:
+            checksum_job = asyncio.ensure_future(asyncio.to_thread(checksum_state, items))
     targets, replies = await push.run(staged)
-    checksum = expected_checksum if checksum_job is None else await checksum_job
+    if checksum_job is not None:
+        checksum = await checksum_job
+    elif push.digests is not None:  # a write that stopped part-way hashed only some: hash them all
+        checksum = combine_digests(push.digests) if len(push.digests) == len(items) else checksum_state(items)
+    else:
+        checksum = expected_checksum
     kinds = {"node_shm" if r.replica_id in push.node_local else "ray_object_store" for r in targets}
     report = SyncReport(
         version=version,

@@ -106,8 +106,11 @@ class SharedStaging:
         """Whether ``nbytes`` at ``offset`` lie inside the file."""
         return self._mm is not None and offset + nbytes <= self.size
 
-    def write(self, bucket: Any, offset: int) -> int:
+    def write(self, bucket: Any, offset: int, digests: dict[str, str] | None = None) -> int:
         """Copy a :class:`~.format.WeightBucket` or a safetensors blob into the file at ``offset``.
+
+        ``digests``: a bucket's tensors' digests are added to it as they are copied
+        (:meth:`~.format.WeightBucket.write_into`); a blob has none to add.
 
         Returns:
             The bytes written.
@@ -120,7 +123,7 @@ class SharedStaging:
             raise ValueError(f"staging: bucket of {n} bytes at {offset} does not fit ({self.size})")
         dst = self.view()
         if hasattr(bucket, "write_into"):
-            return bucket.write_into(dst, offset)
+            return bucket.write_into(dst, offset, digests)
         dst[offset : offset + n] = np.frombuffer(memoryview(bucket).cast("B"), dtype=np.uint8)
         return n
 
