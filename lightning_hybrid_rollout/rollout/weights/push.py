@@ -18,7 +18,8 @@ How weights travel (CPU / any multi-node Ray cluster):
    (``stage_weight_bucket`` on the Ray path), then each replica pauses once to load them all (the commit).
 4. **Verification**: each engine hashes the tensors it received and fed to its loader (same
    :func:`~.format.checksum_state` as the trainer) and checks coverage and read-back; the push compares every
-   replica's checksum with the trainer's (:func:`~.report.check_replies`) and raises
+   replica's checksum with the trainer's (:func:`~.report.check_replies`; the trainer hashes its tensors as it
+   writes them into the node staging file, else in a thread while the replicas load) and raises
    :class:`~lightning_hybrid_rollout.errors.WeightSyncError` naming the replica on any mismatch.
 
 The replicas are :class:`~.receiver.WeightReceiver`\\ s. Tests reach inside a push only through :data:`seam`.
