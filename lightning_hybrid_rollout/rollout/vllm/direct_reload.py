@@ -51,7 +51,9 @@ class DirectReload:
         Exact means: CPU, oneDNN available and not the Zen path (the packed handle then owns a copy of the weights,
         so packing from the shared staging memory is safe), every linear layer unquantized with its dense weight
         dropped after packing, and each one's checkpoint names (fused projections: their parts, from the model's
-        ``packed_modules_mapping``) present in the checkpoint on disk.
+        ``packed_modules_mapping``) present in the checkpoint on disk. A parameter is copied in place (``copies``)
+        only where it has the checkpoint tensor's name and vLLM's default weight loader (a plain copy; a parameter
+        with a loader of its own, e.g. the embeddings' vocabulary padding, goes through ``load_weights``).
         """
         from vllm import _custom_ops as ops
         from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
