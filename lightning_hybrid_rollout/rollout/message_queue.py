@@ -75,6 +75,8 @@ class MessageQueue:
         self._close_reason: str = ""
         self._close_error: BaseException | None = None
         self._listeners: list[Callable[[], None]] = []
+        #: what each blocked consumer waits for (a sample count): a put wakes them only once the smallest is reached
+        self._needs: list[int] = []
         self.total_put = 0
         self.total_got = 0
         self.rejected = 0
@@ -127,7 +129,8 @@ class MessageQueue:
             now = self._clock()
             self._items.extend((now, s) for s in batch)
             self.total_put += len(batch)
-            self._cond.notify_all()
+            if self._needs and len(self._items) >= min(self._needs):  # a put only ever wakes a waiting consumer
+                self._cond.notify_all()
         return True
 
     def close(self, reason: str = "closed", error: BaseException | None = None) -> None:
@@ -176,6 +179,18 @@ class MessageQueue:
     def __len__(self) -> int:
         return self.size()
 
+    def _wait_for_items(self, n: int, timeout: float | None) -> bool:
+        """Under the lock: block until ``n`` samples are buffered or the queue closes (``False`` on timeout).
+
+        The need is registered so that a put wakes this consumer only once it can be served, not per group."""
+        if len(self._items) >= n or self._closed:
+            return True
+        self._needs.append(n)
+        try:
+            return self._cond.wait_for(lambda: len(self._items) >= n or self._closed, timeout)
+        finally:
+            self._needs.remove(n)
+
     def wait_until(self, n: int, timeout: float | None = None) -> bool:
         """Block until the queue holds at least ``n`` samples.
 
@@ -191,7 +206,7 @@ class MessageQueue:
         """
         self._check_n(n)
         with self._cond:
-            ok = self._cond.wait_for(lambda: len(self._items) >= n or self._closed, timeout)
+            ok = self._wait_for_items(n, timeout)
             if len(self._items) >= n:
                 return True
             if self._closed:
@@ -216,7 +231,7 @@ class MessageQueue:
         start = time.monotonic()
         with self._cond:
             size_at_start = len(self._items)
-            self._cond.wait_for(lambda: len(self._items) >= n or self._closed, timeout)
+            self._wait_for_items(n, timeout)
             if len(self._items) < n:
                 if self._closed:
                     self._raise_closed(n)

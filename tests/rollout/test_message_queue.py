@@ -64,6 +64,25 @@ def test_wait_until_and_blocking_get_across_threads():
     assert q.last_get_stats.wait_samples == 0 and len(got) == 2
 
 
+def test_a_put_wakes_a_waiting_consumer_only_once_its_batch_is_there():
+    q = MessageQueue(maxsize=16)
+    wakeups = []
+    notify_all = q._cond.notify_all
+    q._cond.notify_all = lambda: (wakeups.append(len(q._items)), notify_all())  # type: ignore[method-assign]
+    got: list[list[Sample]] = []
+    consumer = threading.Thread(target=lambda: got.append(q.get_batch(6, timeout=10)))
+    consumer.start()
+    deadline = time.monotonic() + 5
+    while not q._needs and time.monotonic() < deadline:  # blocked, waiting for 6
+        time.sleep(0.001)
+    for i in range(6):  # one sample at a time, as a rollouter with groups of one puts them
+        q.put(s(i))
+    consumer.join(5)
+    assert [len(b) for b in got] == [6]
+    # puts 1-5 woke nobody, put 6 woke the consumer; its get_batch notified once (room for blocked producers)
+    assert wakeups == [6, 0], wakeups
+
+
 def test_blocking_put_waits_for_consumer():
     q = MessageQueue(maxsize=2)
     q.put_many([s(0), s(1)])
