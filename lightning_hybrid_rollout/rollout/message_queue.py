@@ -2,9 +2,9 @@
 
 The rollouter's event loop runs in a background thread and puts finished samples (whole prompt groups at once,
 :meth:`MessageQueue.put_many`); the trainer's main thread blocks in :meth:`MessageQueue.wait_until` /
-:meth:`MessageQueue.get_batch`. The bound is ``max_required_samples`` (DESIGN §3). The queue never drops a sample
-silently: a put that does not fit returns ``False`` (counted in ``rejected``, or ``dropped`` once the queue is
-closed) and the caller keeps the sample.
+:meth:`MessageQueue.get_batch`, woken once the count it waits for is buffered (not at every put). The bound is
+``max_required_samples`` (DESIGN §3). The queue never drops a sample silently: a put that does not fit returns
+``False`` (counted in ``rejected``, or ``dropped`` once the queue is closed) and the caller keeps the sample.
 
 :meth:`MessageQueue.get_batch` records :class:`GetStats` (how long it blocked, how many samples it had to wait for)
 so the trainer side can build the controller context's ``step_wait_times`` / ``step_wait_samples``.
