@@ -100,10 +100,9 @@ class DirectReload:
             return None
         first: dict[int, str] = {}
         aliases = {n for n, p in model.named_parameters(remove_duplicate=False) if first.setdefault(id(p), n) != n}
-        params = dict(model.named_parameters())
         copies = {
             n: p
-            for n, p in params.items()
+            for n, p in model.named_parameters()
             if n in checkpoint_names
             and n not in parts
             and id(p) not in reprocess

@@ -172,8 +172,9 @@ class WeightBucket:
             else:
                 hasher = _digest_start(name, meta[name]["dtype"], meta[name]["shape"])
                 for c in range(0, n, _HASH_CHUNK):
-                    np.copyto(dst[pos + c : pos + min(c + _HASH_CHUNK, n)], src[c : c + _HASH_CHUNK], casting="no")
-                    hasher.update(src[c : c + _HASH_CHUNK])
+                    piece = src[c : c + _HASH_CHUNK]
+                    np.copyto(dst[pos + c : pos + c + len(piece)], piece, casting="no")
+                    hasher.update(piece)
                 digests[name] = hasher.hexdigest()  # type: ignore[index]
             pos += n
         return pos - offset
