@@ -70,7 +70,7 @@ from typing import Any
 from lightning_hybrid_rollout.schedule import policy_starting_ratio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, also when loaded by file path (tests)
-from machine_speed import MachineSpeedProbe
+from machine_speed import STEADY_TOLERANCE, MachineSpeedProbe, another_round, counted_rounds, probe_spread
 
 STATIC = "static_fully_async"
 #: The policies run by default: the baseline first.
@@ -506,6 +506,18 @@ def main(argv: list[str] | None = None) -> None:
         help="bracket: static, dynamic..., static, ... (repeats + 1 static runs; a dynamic run against the mean of "
         "the static runs around it); alternate: (static, dynamic), then (dynamic, static), ... (adjacent pairs)",
     )
+    p.add_argument(
+        "--steady-tolerance",
+        type=float,
+        default=STEADY_TOLERANCE,
+        help="bracket: a round counts when its runs' machine-speed probe readings differ by at most this fraction",
+    )
+    p.add_argument(
+        "--extra-rounds",
+        type=int,
+        default=4,
+        help="bracket: rounds run at most beyond --repeats while fewer than --repeats rounds are steady (0: none)",
+    )
     p.add_argument("--steps", type=int, default=64, help="optimizer steps per run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--task", default="copy", choices=["copy", "reverse", "arithmetic"])
@@ -580,18 +592,49 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.repeats} repeat(s); model built + warmed in {build_s:.1f} s; run dirs under {work}"
     )
     results: dict[str, list[dict[str, Any]]] = {pol: [] for pol in policies}
+
+    def run(pol: str, rep: int) -> None:
+        tag = f"{pol}_r{rep}"
+        summary, total_s = _run_one(pol, tag, work, base_model, args)
+        results[pol].append(summary)
+        print(_line(tag, summary, total_s), flush=True)
+
+    spreads: list[float | None] | None = None
     try:
-        for pol, rep in run_order(policies, args.repeats, args.order):
-            tag = f"{pol}_r{rep}"
-            summary, total_s = _run_one(pol, tag, work, base_model, args)
-            results[pol].append(summary)
-            print(_line(tag, summary, total_s), flush=True)
+        if args.order == "bracket":  # round by round: one more while too few rounds held the machine's speed
+            spreads = []
+            run(STATIC, 1)
+            while another_round(spreads, args.repeats, args.extra_rounds, args.steady_tolerance):
+                i = len(spreads) + 1
+                for pol in policies[1:]:
+                    run(pol, i)
+                run(STATIC, i + 1)
+                spreads.append(round_spread(results, policies, i - 1))
+                print(_round_line(i, spreads[-1], args.steady_tolerance), flush=True)
+        else:
+            for pol, rep in run_order(policies, args.repeats, args.order):
+                run(pol, rep)
     finally:
         if not args.out:
             shutil.rmtree(work, ignore_errors=True)
 
     print(f"total benchmark time {time.monotonic() - t_all:.0f} s")
-    _report(policies, results, args.speedup_policy)
+    _report(policies, results, args.speedup_policy, spreads, args.repeats, args.steady_tolerance)
+
+
+def round_spread(results: dict[str, list[dict[str, Any]]], policies: list[str], index: int) -> float | None:
+    """:func:`machine_speed.probe_spread` of bracketed round ``index`` (from 0): its static runs ``index`` and
+    ``index + 1`` and each dynamic policy's run ``index``."""
+    static = results[policies[0]]
+    runs = [static[index], *(results[pol][index] for pol in policies[1:]), static[index + 1]]
+    return probe_spread([r.get("probe_ms_mean") for r in runs])
+
+
+def _round_line(i: int, spread: float | None, tolerance: float) -> str:
+    if spread is None:
+        return f"round r{i}: counted (a run has no machine-speed probe reading)"
+    verdict = "steady" if spread <= tolerance else f"NOT steady (> {tolerance:.0%})"
+    return f"round r{i}: the machine-speed probe moved {spread:.1%} over its runs, {verdict}"
 
 
 ORDERS = ("bracket", "alternate")
@@ -620,6 +663,10 @@ def static_reference(static: list[float], dynamic_runs: int) -> list[float]:
     raise ValueError(f"{len(static)} static runs for {dynamic_runs} dynamic ones: expected as many or one more")
 
 
+def _counts(index: int, counted: list[int] | None) -> bool:
+    return counted is None or index in counted
+
+
 def _pooled(runs: list[dict[str, Any]]) -> tuple[float, float]:
     """Mean and standard error of the final-window rewards of all of a policy's runs, pooled."""
     tail = [x for r in runs for x in r["reward_tail"]]
@@ -627,10 +674,25 @@ def _pooled(runs: list[dict[str, Any]]) -> tuple[float, float]:
     return statistics.fmean(tail), sem
 
 
-def _report(policies: list[str], results: dict[str, list[dict[str, Any]]], speedup_policy: str) -> None:
+def _report(
+    policies: list[str],
+    results: dict[str, list[dict[str, Any]]],
+    speedup_policy: str,
+    spreads: list[float | None] | None = None,
+    repeats: int | None = None,
+    tolerance: float = STEADY_TOLERANCE,
+) -> None:
     """Per-policy medians, the speedups and the reward comparison; the line before the last is the best run's
-    efficiency, the last line ``speedup: X.XX``."""
+    efficiency, the last line ``speedup: X.XX``. With ``spreads`` (bracketed rounds' :func:`round_spread`), the
+    speedups are over the rounds :func:`machine_speed.counted_rounds` counts (``repeats`` wanted), the rest listed."""
     static = results[STATIC]
+    counted = None if spreads is None else counted_rounds(spreads, repeats or len(spreads), tolerance)
+    if spreads is not None and counted is not None and len(counted) < len(spreads):
+        aside = ", ".join(f"r{i + 1} ({s:.1%})" for i, s in enumerate(spreads) if i not in counted and s is not None)
+        print(
+            f"speedups over rounds {', '.join(f'r{i + 1}' for i in counted)}; not counted, the machine's speed moved "
+            f"more than {tolerance:.0%} over them: {aside}"
+        )
     for pol in policies:
         rs = results[pol]
         walls = ", ".join(f"{r['train_wall_s']:.1f}" for r in rs)
@@ -647,7 +709,7 @@ def _report(policies: list[str], results: dict[str, list[dict[str, Any]]], speed
     for pol in policies[1:]:
         dyn = results[pol]
         reference = static_reference([r["train_wall_s"] for r in static], len(dyn))
-        ratios = [s / d["train_wall_s"] for s, d in zip(reference, dyn)]
+        ratios = [s / d["train_wall_s"] for i, (s, d) in enumerate(zip(reference, dyn)) if _counts(i, counted)]
         speedups[pol] = statistics.median(ratios)
         d_mean, d_sem = _pooled(results[pol])
         noise = 2 * math.sqrt(s_sem**2 + d_sem**2)
@@ -659,7 +721,11 @@ def _report(policies: list[str], results: dict[str, list[dict[str, Any]]], speed
         )
         probes = [r.get("probe_ms_mean") for r in static]
         if all(probes) and all(d.get("probe_ms_mean") for d in dyn):
-            speeds = list(zip(static_reference(probes, len(dyn)), (d["probe_ms_mean"] for d in dyn)))
+            speeds = [
+                pair
+                for i, pair in enumerate(zip(static_reference(probes, len(dyn)), (d["probe_ms_mean"] for d in dyn)))
+                if _counts(i, counted)
+            ]
             # the dynamic run's wall on the static run's machine: divided by how much slower its cores ran
             equal = [r * b / a for r, (a, b) in zip(ratios, speeds)]
             print(

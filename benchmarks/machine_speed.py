@@ -92,6 +92,64 @@ class MachineSpeedProbe:
         return statistics.fmean(per_core) if per_core else None
 
 
+STEADY_TOLERANCE = 0.10
+"""A round of runs is *steady* when its runs' probe readings (each run's median time per unit while it trained)
+differ by at most this fraction (slowest / fastest - 1); ``cpu_miniature`` and ``planner_fidelity`` count the steady
+rounds. A round figure: a bracketed round cancels a drift linear over its runs, not a machine that ran 15-70% faster or
+slower during one of them, which the probe saw in 10 of the 18 rounds of six ``planner_fidelity`` sessions
+(docs/cpu_miniature.md has them)."""
+
+
+def probe_spread(unit_ms: Sequence[float | None]) -> float | None:
+    """How far the machine's speed moved over a round: the slowest run's probe time over the fastest's, minus 1
+    (``unit_ms``: each run's median milliseconds per unit; None when a run has no reading, then the round's spread
+    is unknown).
+
+    Example::
+
+        assert round(probe_spread([0.70, 0.77, 0.70]), 6) == 0.1
+        assert probe_spread([0.70, None]) is None
+    """
+    if not unit_ms or any(x is None or x <= 0 for x in unit_ms):
+        return None
+    return max(unit_ms) / min(unit_ms) - 1.0  # type: ignore[type-var]
+
+
+def is_steady(spread: float | None, tolerance: float = STEADY_TOLERANCE) -> bool:
+    """Whether a round with this :func:`probe_spread` counts (an unknown spread counts: nothing says it moved)."""
+    return spread is None or spread <= tolerance
+
+
+def counted_rounds(spreads: Sequence[float | None], wanted: int, tolerance: float = STEADY_TOLERANCE) -> list[int]:
+    """The indices, in round order, of the rounds whose figures count: every steady round (:func:`is_steady`) when
+    there are at least ``wanted`` of them; otherwise the ``wanted`` steadiest (unknown spreads first, then the
+    smallest), so a machine that never held its speed still gives figures, from its best rounds.
+
+    Example::
+
+        assert counted_rounds([0.02, 0.30, 0.05, 0.04], wanted=3) == [0, 2, 3]
+        assert counted_rounds([0.02, 0.30, 0.15], wanted=2) == [0, 2]
+    """
+    steady = [i for i, s in enumerate(spreads) if is_steady(s, tolerance)]
+    if len(steady) >= wanted:
+        return steady
+    ranked = sorted(range(len(spreads)), key=lambda i: (spreads[i] is not None, spreads[i] or 0.0, i))
+    return sorted(ranked[:wanted])
+
+
+def another_round(spreads: Sequence[float | None], repeats: int, extra_rounds: int, tolerance: float) -> bool:
+    """Whether to run one more round: fewer than ``repeats`` rounds run, or fewer than ``repeats`` of them steady
+    and fewer than ``repeats + extra_rounds`` run.
+
+    Example::
+
+        assert another_round([0.02, 0.30, 0.05], repeats=3, extra_rounds=2, tolerance=0.1)
+        assert not another_round([0.02, 0.30, 0.05, 0.04], repeats=3, extra_rounds=2, tolerance=0.1)
+    """
+    steady = sum(is_steady(s, tolerance) for s in spreads)
+    return len(spreads) < repeats or (steady < repeats and len(spreads) < repeats + extra_rounds)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=60.0)

@@ -102,7 +102,7 @@ import re
 import statistics
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +118,9 @@ from lightning_hybrid_rollout.sim.calibrate import (
 )
 from lightning_hybrid_rollout.sim.scenario import RUN_KEYS, Scenario
 from lightning_hybrid_rollout.trace import load_trace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, also when loaded by file path (tests)
+from machine_speed import STEADY_TOLERANCE, counted_rounds, probe_spread
 
 STATIC = "static_fully_async"
 DYNAMIC = "rate_matched"
@@ -414,6 +417,11 @@ class Rounds:
     speedup's ``|predicted - real|``."""
 
     rounds: list[tuple[str, Comparison]]
+    #: Rounds left out of the medians: the machine's speed moved more than ``tolerance`` over them (by the probe).
+    set_aside: list[tuple[str, Comparison]] = field(default_factory=list)
+    #: Per round label (counted or not): its :func:`machine_speed.probe_spread` (None: no probe reading).
+    spreads: dict[str, float | None] = field(default_factory=dict)
+    tolerance: float = STEADY_TOLERANCE
 
     def __post_init__(self) -> None:
         if not self.rounds:
@@ -523,8 +531,17 @@ class Rounds:
         speedup error last on it) and last ``worst relative error: X`` (the largest counted median)."""
         n = len(self.rounds)
         out: list[str] = []
-        for label, c in self.rounds:
+        aside = {label for label, _ in self.set_aside}
+        for label, c in sorted(self.rounds + self.set_aside, key=lambda lc: int(lc[0][1:])):
             out.append(round_header(label, c))
+            if (spread := self.spreads.get(label)) is not None:
+                if label in aside:
+                    verdict = f"more than {self.tolerance:.0%}: NOT counted in the medians below"
+                elif spread > self.tolerance:
+                    verdict = f"more than {self.tolerance:.0%}, counted all the same: too few steady rounds"
+                else:
+                    verdict = "steady, counted"
+                out.append(f"  the machine-speed probe moved {spread:.1%} over this round's runs, {verdict}")
             out += c.table(indent="  ")
             out.append("  " + c.training_line())
             out.append("  " + c.drift_line())
@@ -540,6 +557,12 @@ class Rounds:
             f"medians over the {n} round(s) ({labels}): per row, the median over the rounds of |predicted / real - 1|, "
             "each round's prediction against that round's real run; the machine's speed drifts between runs "
             "minutes apart, a median keeps one drifted round from deciding the figure"
+            + (
+                f"; not counted ({', '.join(sorted(aside, key=lambda x: int(x[1:])))}): the machine-speed probe moved "
+                f"more than {self.tolerance:.0%} over them"
+                if aside
+                else ""
+            )
         )
         per_round = "per round (signed)"
         width = max(len(per_round), 8 * n)
@@ -700,18 +723,19 @@ def compare(
     )
 
 
+def probe_ms(run_dir: Path) -> float | None:
+    """The run's median machine-speed probe time per work unit while it trained (``cpu_miniature`` writes it to the
+    run dir's ``machine_speed.json``); None when the run has no reading."""
+    path = run_dir / "machine_speed.json"
+    value = json.loads(path.read_text()).get("unit_ms_mean") if path.exists() else None
+    return float(value) if value else None
+
+
 def machine_probe(static_dir: Path, dynamic_dir: Path) -> float | None:
-    """How fast the machine ran in the dynamic run against the static one by the independent probe
-    (``cpu_miniature`` writes each run's ``machine_speed.json``): the static run's median time per work unit over the
-    dynamic run's; None when either run has no reading."""
-    times = []
-    for run_dir in (static_dir, dynamic_dir):
-        path = run_dir / "machine_speed.json"
-        value = json.loads(path.read_text()).get("unit_ms_mean") if path.exists() else None
-        if not value:
-            return None
-        times.append(float(value))
-    return times[0] / times[1]
+    """How fast the machine ran in the dynamic run against the static one by the independent probe: the static
+    run's :func:`probe_ms` over the dynamic run's; None when either run has no reading."""
+    static, dynamic = probe_ms(static_dir), probe_ms(dynamic_dir)
+    return None if static is None or dynamic is None else static / dynamic
 
 
 def bracketed(before: Comparison, after: Comparison) -> Comparison:
@@ -789,14 +813,25 @@ def find_rounds(out: str | Path) -> list[tuple[str, list[Path], Path]]:
     return [(f"r{i}", [found[STATIC][i]], found[DYNAMIC][i]) for i in statics]
 
 
-def compare_rounds(out: str | Path, **factors: float) -> Rounds:
+def compare_rounds(
+    out: str | Path, *, wanted: int | None = None, tolerance: float = STEADY_TOLERANCE, **factors: float
+) -> Rounds:
     """:func:`compare` on every round under ``out`` (:func:`find_rounds`), each round on its own; a bracketed
-    round's two comparisons combined by :func:`bracketed`."""
-    rounds = []
+    round's two comparisons combined by :func:`bracketed`. The medians count the rounds
+    :func:`machine_speed.counted_rounds` keeps (``wanted``, default all: every round over which the probe moved at
+    most ``tolerance``, or the ``wanted`` steadiest); the others are set aside, printed but not counted."""
+    rounds, spreads = [], []
     for label, statics, dynamic in find_rounds(out):
         pairs = [compare(s, dynamic, **factors) for s in statics]
         rounds.append((label, pairs[0] if len(pairs) == 1 else bracketed(*pairs)))
-    return Rounds(rounds)
+        spreads.append(probe_spread([probe_ms(d) for d in (statics[0], dynamic, *statics[1:])]))
+    keep = counted_rounds(spreads, wanted or len(rounds), tolerance)
+    return Rounds(
+        [r for i, r in enumerate(rounds) if i in keep],
+        set_aside=[r for i, r in enumerate(rounds) if i not in keep],
+        spreads={label: spread for (label, _), spread in zip(rounds, spreads)},
+        tolerance=tolerance,
+    )
 
 
 def main(argv: list[str] | None = None) -> Comparison | Rounds:
@@ -816,6 +851,18 @@ def main(argv: list[str] | None = None) -> Comparison | Rounds:
         help="cpu_miniature's run order: bracket (static, dynamic, static, ...: each dynamic run compared with the "
         "mean of the static runs around it; repeats + 1 static runs) or alternate (adjacent (static, dynamic) pairs)",
     )
+    p.add_argument(
+        "--steady-tolerance",
+        type=float,
+        default=STEADY_TOLERANCE,
+        help="a round counts when the machine-speed probe moved at most this fraction over its runs (cpu_miniature's)",
+    )
+    p.add_argument(
+        "--extra-rounds",
+        type=int,
+        default=4,
+        help="rounds run at most beyond --repeats while fewer than --repeats are steady (cpu_miniature's; bracket)",
+    )
     p.add_argument("--steps", type=int, default=64, help="optimizer steps per real run")
     p.add_argument("--out", default=None, help="keep the real runs' folders here (default: a temp dir)")
     p.add_argument("--hybrid-speed-ratio", type=float, default=HYBRID_SPEED_RATIO)
@@ -832,7 +879,7 @@ def main(argv: list[str] | None = None) -> Comparison | Rounds:
         if len(args.reuse) == 2:
             result = compare(*args.reuse, **factors)
         elif len(args.reuse) == 1:
-            result = compare_rounds(args.reuse[0], **factors)
+            result = compare_rounds(args.reuse[0], wanted=args.repeats, tolerance=args.steady_tolerance, **factors)
         else:
             p.error("--reuse takes OUT (a folder of *_r{i} rounds) or STATIC_DIR DYNAMIC_DIR")
     else:
@@ -852,13 +899,17 @@ def main(argv: list[str] | None = None) -> Comparison | Rounds:
                     args.order,
                     "--steps",
                     str(args.steps),
+                    "--steady-tolerance",
+                    str(args.steady_tolerance),
+                    "--extra-rounds",
+                    str(args.extra_rounds),
                     "--out",
                     str(out),
                     *rest,
                 ]
             )
             print(f"planner fidelity: the real runs above ({out}), then the predictions, round by round")
-            result = compare_rounds(out, **factors)
+            result = compare_rounds(out, wanted=args.repeats, tolerance=args.steady_tolerance, **factors)
     print("\n".join(result.lines()))
     return result
 
