@@ -92,3 +92,37 @@ def test_the_report_prints_the_bracketed_speedups_last(capsys):
     assert any("per repeat: 1.25, 1.25" in line for line in lines)
     equal = next(line for line in lines if "at equal machine speed" in line)
     assert "1.25 (per repeat: 1.25, 1.25; probe dynamic / static: 1.00, 1.00)" in equal
+
+
+def test_a_round_over_which_the_machine_moved_is_replaced_and_left_out_of_the_speedup(monkeypatch, capsys, tmp_path):
+    """The bracketed loop, its runs faked: round r2's dynamic run ran while the probe read the machine 30% slower
+    (and its wall 30% longer); another round follows it, and the speedup is over r1, r3 and r4."""
+    cm = load_benchmark("cpu_miniature")
+    ran: list[str] = []
+    slow = {"rate_matched_r2"}
+
+    def fake_run(pol: str, tag: str, *args: Any) -> tuple[dict[str, Any], float]:
+        ran.append(tag)
+        factor = 1.3 if tag in slow else 1.0
+        wall = 50.0 if pol == "static_fully_async" else 40.0
+        return _result(wall * factor, 0.9, probe_ms=factor), 1.0
+
+    monkeypatch.setattr(cm, "_build_model", lambda *a: 0.0)
+    monkeypatch.setattr(cm, "_run_one", fake_run)
+    monkeypatch.setattr(cm, "_line", lambda tag, s, t: tag)
+    cm.main(["--policies", "static_fully_async,rate_matched", "--repeats", "3", "--out", str(tmp_path)])
+    lines = capsys.readouterr().out.splitlines()
+    s, d = "static_fully_async", "rate_matched"
+    assert ran == [f"{s}_r1", f"{d}_r1", f"{s}_r2", f"{d}_r2", f"{s}_r3", f"{d}_r3", f"{s}_r4", f"{d}_r4", f"{s}_r5"]
+    assert "round r2: the machine-speed probe moved 30.0% over its runs, NOT steady (> 10%)" in lines
+    counted = next(line for line in lines if line.startswith("speedups over rounds"))
+    assert counted.startswith("speedups over rounds r1, r3, r4; not counted") and counted.endswith(": r2 (30.0%)")
+    assert lines[-1] == "speedup: 1.25"  # 50 / 40 in every counted round; r2 alone would give 50 / 52
+    assert "(per repeat: 1.25, 1.25, 1.25)" in next(line for line in lines if line.startswith("rate_matched: speedup"))
+    assert "probe dynamic / static: 1.00, 1.00, 1.00)" in next(line for line in lines if "equal machine speed" in line)
+
+    ran.clear()  # --extra-rounds 0: the repeats only, every round counted
+    cm.main(["--policies", "static_fully_async,rate_matched", "--repeats", "3", "--extra-rounds", "0"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(ran) == 7 and not any(line.startswith("speedups over rounds") for line in lines)
+    assert "per repeat: 1.25, 0.96, 1.25" in next(line for line in lines if line.startswith("rate_matched: speedup"))

@@ -54,3 +54,34 @@ def test_the_script_prints_the_slowest_over_fastest_window_last(capsys):
     last = capsys.readouterr().out.splitlines()[-1]
     assert last.startswith("slowest / fastest window: ")
     assert float(last.rsplit(" ", 1)[1]) >= 1.0
+
+
+def test_a_round_is_steady_only_when_the_probe_moved_at_most_the_tolerance_over_its_runs():
+    ms = load_benchmark("machine_speed")
+    assert ms.probe_spread([0.70, 0.77, 0.70]) == pytest.approx(0.10)
+    assert ms.probe_spread([0.80, 0.70]) == pytest.approx(0.80 / 0.70 - 1)  # slowest over fastest, either order
+    assert ms.probe_spread([0.70, None, 0.70]) is None and ms.probe_spread([]) is None
+    assert ms.is_steady(0.10) and not ms.is_steady(0.1001)
+    assert ms.is_steady(None)  # no reading: nothing says the machine moved
+    assert ms.is_steady(0.15, tolerance=0.2) and not ms.is_steady(0.15, tolerance=0.1)
+
+
+def test_the_counted_rounds_are_the_steady_ones_or_else_the_steadiest():
+    ms = load_benchmark("machine_speed")
+    assert ms.counted_rounds([0.02, 0.30, 0.05, 0.04], wanted=3) == [0, 2, 3]
+    assert ms.counted_rounds([0.02, 0.30, 0.05, 0.04, 0.01], wanted=3) == [0, 2, 3, 4]  # every steady one
+    # too few steady rounds: the wanted number, the steadiest first (an unknown spread before any known one)
+    assert ms.counted_rounds([0.40, 0.30, 0.15], wanted=2) == [1, 2]
+    assert ms.counted_rounds([0.40, None, 0.15], wanted=2) == [1, 2]
+    assert ms.counted_rounds([0.40, 0.30, 0.15], wanted=2, tolerance=0.5) == [0, 1, 2]
+
+
+def test_another_round_runs_until_enough_rounds_are_steady_or_the_extra_rounds_are_spent():
+    ms = load_benchmark("machine_speed")
+    more = lambda spreads, extra=2: ms.another_round(spreads, repeats=3, extra_rounds=extra, tolerance=0.1)  # noqa: E731
+    assert more([]) and more([0.01, 0.01])  # the repeats first, steady or not
+    assert not more([0.01, 0.02, 0.03])  # three steady rounds: done
+    assert more([0.01, 0.50, 0.03]) and more([0.01, 0.50, 0.03, 0.40])  # one more per unsteady round ...
+    assert not more([0.01, 0.50, 0.03, 0.40, 0.30])  # ... up to repeats + extra_rounds
+    assert not more([0.01, 0.50, 0.03], extra=0)  # no extra rounds: the repeats only
+    assert not more([0.01, 0.50, 0.03, 0.02])

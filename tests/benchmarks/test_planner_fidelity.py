@@ -388,3 +388,41 @@ def test_a_bracketed_round_cancels_a_machine_drift_linear_across_its_three_runs(
         "round r1: rate_matched_r1 between static_fully_async_r1 and static_fully_async_r2 (run in that order"
     )
     assert float(lines[-1].rsplit(" ", 1)[1]) == pytest.approx(rounds.worst_relative_error, abs=5e-4)
+
+
+def _probe(run_dir: Path, unit_ms: float) -> None:
+    (run_dir / "machine_speed.json").write_text(json.dumps({"unit_ms": {"0": unit_ms}, "unit_ms_mean": unit_ms}))
+
+
+def test_a_round_over_which_the_probe_moved_is_printed_and_left_out_of_the_medians(tmp_path, capsys):
+    """Three bracketed rounds, r2's dynamic run 1.25x slower while the probe read the machine 25% slower: with two
+    rounds wanted, the medians are r1 and r3's (the recorded pair's figures) and r2's block says it is not counted;
+    with three wanted, r2 counts all the same (too few steady rounds) and moves the speedup error."""
+    bench = _bench()
+    base = bench.compare(STATIC, DYNAMIC)
+    out = _rounds_out(tmp_path, {2: 1.25}, bracket=True)
+    for run in out.iterdir():
+        _probe(run, 1.25 if run.name == "rate_matched_r2" else 1.0)
+    rounds = bench.main(["--reuse", str(out), "--repeats", "2"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [label for label, _ in rounds.rounds] == ["r1", "r3"]
+    assert [label for label, _ in rounds.set_aside] == ["r2"]
+    assert rounds.spreads == pytest.approx({"r1": 0.0, "r2": 0.25, "r3": 0.0})
+    assert rounds.speedup_error == pytest.approx(base.speedup_error, abs=1e-6)
+    assert rounds.median_errors == pytest.approx([p.relative_error for p in base.predictions], abs=1e-6)
+    start = next(i for i, line in enumerate(lines) if line.startswith("round r2:"))
+    assert lines[start + 1] == (
+        "  the machine-speed probe moved 25.0% over this round's runs, more than 10%: NOT counted in the medians below"
+    )
+    assert "  the machine-speed probe moved 0.0% over this round's runs, steady, counted" in lines
+    assert any(line.startswith("medians over the 2 round(s) (r1, r3)") and "not counted (r2)" in line for line in lines)
+
+    rounds = bench.main(["--reuse", str(out)])  # three wanted: r2 counted, the steadiest that are left
+    lines = capsys.readouterr().out.splitlines()
+    assert [label for label, _ in rounds.rounds] == ["r1", "r2", "r3"] and not rounds.set_aside
+    assert "counted all the same: too few steady rounds" in "\n".join(lines)
+    r2 = rounds.rounds[1][1]
+    assert r2.speedup_error > base.speedup_error + 0.1
+    # a looser tolerance counts it too
+    rounds = bench.main(["--reuse", str(out), "--repeats", "2", "--steady-tolerance", "0.3"])
+    assert [label for label, _ in rounds.rounds] == ["r1", "r2", "r3"]
