@@ -13,8 +13,9 @@ the same tiny model (built and format-warmed once), the same seed and the same n
 The workload is rollout-bound the way real LLM RL is (DESIGN §7): every response is long and sequential (the copy
 task on 16-character strings: 17 tokens per response, up to 24 allowed), 8 samples per prompt, 256 samples per
 optimizer step, DAPO's loss-level group filter (``filter_groups=True``), and a small model (hidden 64, 2 layers), so
-that generating a step's samples on one core takes about three times as long as training on them. The static run's
-trainer-wait share shows it (about 70%). Dynamic runs use ``dynamic_schedule_enable_rebalance=False`` by default:
+that generating a step's samples on one core takes two to three times as long as training on them (G / W 2.0-2.3 on
+a quiet host in 2026-12, 3.1 when issue #14 was filed on a busier one). The static run's trainer-wait share shows it
+(51-59% on a quiet host, 65-68% on a busy one). Dynamic runs use ``dynamic_schedule_enable_rebalance=False`` by default:
 on this machine the rebalance (abort and re-route every in-flight request after each activation) costs 0.2-0.4 s
 per activation and buys nothing, because the in-flight cap doubles on activation and the new requests already go
 to the empty hybrid replica (``--rebalance`` turns it back on; docs/cpu_miniature.md has both measured).
@@ -33,7 +34,12 @@ static, i.e. ``--repeats`` rounds of dynamic runs and one static run more, round
 static runs ``r{i}`` and ``r{i+1}``; a dynamic run's speedup is the mean of the two static walls around it over its
 own wall, so a machine whose speed drifts linearly over the round slows both sides alike (the machine here drifts by
 15-50% over minutes). ``--order alternate`` runs (static, dynamic, then dynamic, static, ...) and pairs adjacent
-runs, as before 2026-12-03. The speedup is the median over repeats of those ratios. The line before the last is
+runs, as before 2026-12-03. Steady rounds (bracket order, since 2026-12-04): after each round the spread of its
+runs' machine-speed probe readings (slowest / fastest - 1, :func:`machine_speed.probe_spread`) is printed; while
+fewer than ``--repeats`` rounds moved at most ``--steady-tolerance`` (default 10%), another round runs, at most
+``--extra-rounds`` (default 4) beyond the repeats, and the speedups count the steady rounds
+(:func:`machine_speed.counted_rounds`: the steadiest ``--repeats`` when too few held), the others listed by name.
+The speedup is the median over the counted rounds of those ratios. The line before the last is
 ``best efficiency: 0.XX (policy)`` (the run with the highest efficiency); the LAST line printed is exactly
 ``speedup: X.XX``, of ``--speedup-policy`` (``rate_matched``, the best configuration measured: issue #14's 3-repeat
 run gave it speedup 1.40 and efficiency 0.93, against 1.26 / 0.88 for ``default`` and 1.17 / 0.81 for

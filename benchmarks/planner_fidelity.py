@@ -30,6 +30,15 @@ median over the rounds of its ``|predicted / real - 1|``; the speedup error, the
 Each round also prints how fast the machine ran in its dynamic run against its static one(s) (a diagnostic, read by
 no counted prediction: only by the machine-drift-corrected ones below, information).
 
+Steady rounds (since 2026-12-04): the medians count only the rounds over which the independent machine-speed probe
+moved at most ``--steady-tolerance`` (default 10%: the slowest of the round's runs' probe readings over the fastest,
+minus 1; :func:`machine_speed.probe_spread`), or the ``--repeats`` steadiest when fewer held
+(:func:`machine_speed.counted_rounds`); a round set aside is printed with its figures and marked. ``cpu_miniature``
+runs another round while too few held (``--extra-rounds``, default 4, passed on). The criterion reads only the probe,
+nothing of the runs or the predictions. In the 18 rounds of six earlier sessions (pf12-pf17, ``--reuse``) the probe
+moved more than 10% over 10; the 8 steady rounds' speedup errors have a median of 0.056 (0.008-0.133), the 10 others'
+0.115 (0.013-0.174).
+
 Machine-drift-corrected errors (information only: counted in neither of the last two lines, which stay the raw
 figures above): each of the two cross predictions is simulated again, its calibrated scenario (after the swap,
 ``scenario_for``) with the trainer's cost (``trainer.device_s_per_token`` and ``trainer.step_overhead_s``) divided
