@@ -49,12 +49,12 @@ much each one bounds the wall depends on both speeds: one wall × one ratio woul
 it). From the target run it reads exactly these two ratios, nothing else: the training ratio = the calibration run's
 ``trainer.device_s_per_token`` / the target run's (the printed "training" ratio, or its inverse), the decode ratio =
 the target run's ``info.standalone_tokens_per_s_per_replica`` / the calibration run's (the printed "standalone
-decode" ratio, or its inverse), divided by ``standalone_speed_with_hybrid`` when the target run's hybrid replicas
-serve and the calibration run's do not (multiplied the other way): that part of the measured ratio is the swap's
-assumed contention, which ``scenario_for`` already applies, not the machine. Switch costs and everything else keep
-their calibrated values. The corrected error (and the speedup predicted from the corrected dynamic wall) says how
-much of a raw error is the model's and how much the machine's: what is left of it is what the model gets wrong on a
-machine that held its speed. Per round, then the medians over the rounds.
+decode" ratio, or its inverse), divided by the factor ``scenario_for`` converted the static fit's standalone rate by
+(the static run's ``speed_while_training`` by default; multiplied the other way): that part of the measured ratio is
+the swap's modelled contention, which ``scenario_for`` already applies, not the machine. Switch costs and everything
+else keep their calibrated values. The corrected error (and the speedup predicted from the corrected dynamic wall)
+says how much of a raw error is the model's and how much the machine's: what is left of it is what the model gets
+wrong on a machine that held its speed. Per round, then the medians over the rounds.
 
 Machine-speed-probe-corrected errors (information only, counted nowhere): ``cpu_miniature`` runs an independent probe
 around every run (``benchmarks/machine_speed.py``: a fixed unit of pure-Python work timed by its own CPU time on each
@@ -63,12 +63,14 @@ runs of a round have one, each cross prediction is also re-simulated at the prob
 alike, :func:`machine_corrected`), which reads nothing of the target run at all; a line per round and the medians.
 
 Rates across the swap (``sim/calibrate.py``): a static run never sees its hybrid replica serve, so the hybrid rate
-is assumed ``hybrid_speed_ratio`` (default 0.73, ``--hybrid-speed-ratio``) × the standalone rate; the standalone
-replica serves ``standalone_speed_with_hybrid`` (default 1.0, ``--standalone-speed-with-hybrid``) as fast in a run
-whose hybrid replica serves as in one where it never does, converted both ways (below 1 where they contend). How
-much slower the standalone replica decodes while the trainer trains (``replica.speed_while_training``) is measured by
-each calibration run itself (the runtime reads the replica's generated tokens at every training span's boundary) and
-printed per round; the simulator applies it in both runs alike.
+is assumed ``hybrid_speed_ratio`` (default 0.73, ``--hybrid-speed-ratio``) × the standalone rate. How much slower the
+standalone replica decodes while the trainer trains (``replica.speed_while_training``) is measured by each
+calibration run itself (the runtime reads the replica's generated tokens at every training span's boundary) and
+printed per round. Since 2026-12-04 the static fit's swap to the dynamic run reads that measurement as the standalone
+replica's speed whenever core 0 is busy, training or serving: in the dynamic run (core 0 busy nearly throughout) the
+standalone rate is the fitted rate × ``speed_while_training`` in every phase (``Calibration.scenario_for``); the
+dynamic fit's swap back divides by 1.0 (a dynamic run cannot measure it). ``--standalone-speed-with-hybrid F`` sets
+one factor for both directions instead (the rule before: F = 1.0).
 
 Wall times compare like with like: the real one is the trainer's traced wall of the run's ``trace.json`` (its first
 ``trainer/trainer`` span to its last: what ``cpu_miniature`` prints as ``traced wall`` and divides the bound by);
@@ -292,7 +294,10 @@ class Comparison:
     #: The dynamic run's measured hybrid / standalone decode rate (the static side assumes ``hybrid_speed_ratio``).
     measured_hybrid_ratio: float = float("nan")
     hybrid_speed_ratio: float = HYBRID_SPEED_RATIO
+    #: The factor the static fit's standalone rate was converted by into the dynamic run.
     standalone_speed_with_hybrid: float = STANDALONE_SPEED_WITH_HYBRID
+    #: Whether that factor is the static run's own ``speed_while_training`` (the default) or was given.
+    standalone_speed_measured: bool = False
     #: How fast the independent probe found the machine in the dynamic run against the static one (None: unknown).
     machine_probe: float | None = None
     #: ``replica.speed_while_training`` fitted from the static run and from the dynamic run (1.0: not measured).
@@ -385,7 +390,14 @@ class Comparison:
         measured = measured or f"the dynamic run measured {self.measured_hybrid_ratio:.2f}"
         return (
             f"assumed across the swap: hybrid_speed_ratio {self.hybrid_speed_ratio:g} (a static run never sees the "
-            f"hybrid replica serve; {measured}), standalone_speed_with_hybrid {self.standalone_speed_with_hybrid:g}"
+            f"hybrid replica serve; {measured}), standalone_speed_with_hybrid "
+            + (
+                f"{self.standalone_speed_with_hybrid:.3f} from the static fit (measured: its "
+                "replica.speed_while_training; the standalone replica slowed throughout the dynamic run), "
+                f"{STANDALONE_SPEED_WITH_HYBRID:g} from the dynamic fit back (not measurable there)"
+                if self.standalone_speed_measured
+                else f"{self.standalone_speed_with_hybrid:g} (given)"
+            )
         )
 
     def lines(self) -> list[str]:
@@ -631,7 +643,7 @@ def compare(
     dynamic_dir: str | Path,
     *,
     hybrid_speed_ratio: float = HYBRID_SPEED_RATIO,
-    standalone_speed_with_hybrid: float = STANDALONE_SPEED_WITH_HYBRID,
+    standalone_speed_with_hybrid: float | None = None,
 ) -> Comparison:
     """Calibrate from each run, predict the other (and the static run itself), compare with the real walls."""
     static_dir, dynamic_dir = Path(static_dir), Path(dynamic_dir)
@@ -667,7 +679,8 @@ def compare(
     )
     # of the measured standalone decode ratio, the swap's assumed factor (the dynamic run's hybrid replicas serve, the
     # static run's never do) is the model's, already in scenario_for's rates; the rest is the machine's
-    machine_decode = decode / standalone_speed_with_hybrid
+    applied = from_static.standalone_speed_with_hybrid(standalone_speed_with_hybrid)
+    machine_decode = decode / applied
     dynamic_corrected = simulated_wall(machine_corrected(dynamic_scenario, training, machine_decode))
     static_corrected = simulated_wall(machine_corrected(static_scenario, 1.0 / training, 1.0 / machine_decode))
 
@@ -723,7 +736,8 @@ def compare(
         machine_decode=decode,
         measured_hybrid_ratio=rho,
         hybrid_speed_ratio=hybrid_speed_ratio,
-        standalone_speed_with_hybrid=standalone_speed_with_hybrid,
+        standalone_speed_with_hybrid=applied,
+        standalone_speed_measured=standalone_speed_with_hybrid is None,
         machine_probe=probe,
         speed_while_training=(
             from_static.scenario.replica.speed_while_training,
@@ -786,7 +800,8 @@ def bracketed(before: Comparison, after: Comparison) -> Comparison:
         machine_decode=(before.machine_decode * after.machine_decode) ** 0.5,
         measured_hybrid_ratio=before.measured_hybrid_ratio,
         hybrid_speed_ratio=before.hybrid_speed_ratio,
-        standalone_speed_with_hybrid=before.standalone_speed_with_hybrid,
+        standalone_speed_with_hybrid=(before.standalone_speed_with_hybrid + after.standalone_speed_with_hybrid) / 2,
+        standalone_speed_measured=before.standalone_speed_measured,
         machine_probe=None if None in probes else (probes[0] * probes[1]) ** 0.5,  # type: ignore[operator]
         speed_while_training=(
             (before.speed_while_training[0] + after.speed_while_training[0]) / 2,
@@ -875,7 +890,13 @@ def main(argv: list[str] | None = None) -> Comparison | Rounds:
     p.add_argument("--steps", type=int, default=64, help="optimizer steps per real run")
     p.add_argument("--out", default=None, help="keep the real runs' folders here (default: a temp dir)")
     p.add_argument("--hybrid-speed-ratio", type=float, default=HYBRID_SPEED_RATIO)
-    p.add_argument("--standalone-speed-with-hybrid", type=float, default=STANDALONE_SPEED_WITH_HYBRID)
+    p.add_argument(
+        "--standalone-speed-with-hybrid",
+        type=float,
+        default=None,
+        help="convert the standalone rate by this factor across the swap (default: the static run's own "
+        f"speed_while_training one way, {STANDALONE_SPEED_WITH_HYBRID:g} the other; Calibration.scenario_for)",
+    )
     args, rest = p.parse_known_args(argv)
     factors = {
         "hybrid_speed_ratio": args.hybrid_speed_ratio,

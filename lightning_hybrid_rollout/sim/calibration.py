@@ -34,12 +34,11 @@ __all__ = [
 #: where the hybrid replica shares the trainer's core; ``calibrate(..., hybrid_speed_ratio=)`` overrides it.
 HYBRID_SPEED_RATIO = 0.73
 #: The standalone replicas' speed in a run whose hybrid replicas serve, over their speed in a run where they never
-#: do (:meth:`Calibration.scenario_for` converts between the two). 1.0: on the CPU miniature, every trainer thread
-#: pinned to the trainer's core, the standalone replica keeps its rate in a dynamic run (docs/cpu_miniature.md: 4620
-#: vs 4620 tok/s; issue #15's pair 4277 static vs 4291 dynamic); the one dynamic run measured 15% slower (4283 vs
-#: 3656) ran under more load from other processes (4.6 vs 3.2), which no fit can know. Set it below 1 where hybrid
-#: replicas contend with the standalone ones (a shared host, memory bandwidth):
-#: ``scenario_for(..., standalone_speed_with_hybrid=)``.
+#: do, where no run measured it: :meth:`Calibration.scenario_for` converts a *static* fit by what that run measured
+#: itself (its ``replica.speed_while_training``: the trainer's device busy slows the standalone replicas as much
+#: whether it trains or serves), a *serving* fit back to a static run by this factor (a serving run slows its
+#: standalone replicas in every phase alike and cannot tell by how much). 1.0: no slowdown assumed;
+#: ``scenario_for(..., standalone_speed_with_hybrid=)`` sets the factor for both directions.
 STANDALONE_SPEED_WITH_HYBRID = 1.0
 #: The source of a number the run did not record.
 NOT_MEASURED = "default, not measured"
@@ -97,26 +96,34 @@ class Calibration:
         workload on the same machine (another policy, static instead of dynamic, other options, another split).
 
         The standalone replicas' rate is converted between a run whose hybrid replicas serve and one where they
-        never do (``run`` is static, or its policy is ``static_fully_async``): multiplied by
-        ``standalone_speed_with_hybrid`` (default :data:`STANDALONE_SPEED_WITH_HYBRID`) from a static fit to a
-        serving run, divided by it the other way. Where the fitted run never measured the hybrid replicas, their rate
-        is ``hybrid_speed_ratio`` (default: the fit's, :data:`HYBRID_SPEED_RATIO`) × the converted standalone rate.
+        never do (``run`` is static, or its policy is ``static_fully_async``):
+
+        - from a static fit to a serving run, by default (``standalone_speed_with_hybrid=None``) by what the static
+          run measured itself: its standalone replicas kept ``replica.speed_while_training`` of their speed while the
+          trainer's device was busy training, and in the serving run the trainer's device is busy nearly all the
+          time (training, or lending itself to a hybrid replica), so the predicted run's standalone rate is the
+          fitted rate × ``speed_while_training`` throughout (its ``speed_while_training`` 1.0: not slowed twice).
+          Where the replicas kept their speed while the trainer trained (another node, a GPU of their own) the
+          fitted factor is 1.0 and nothing changes. A given ``standalone_speed_with_hybrid`` multiplies the rate
+          instead, ``speed_while_training`` kept;
+        - from a serving fit to a static run, divided by ``standalone_speed_with_hybrid`` (default
+          :data:`STANDALONE_SPEED_WITH_HYBRID`): a serving run slows its standalone replicas in every phase alike,
+          so it cannot measure by how much.
+
+        Where the fitted run never measured the hybrid replicas, their rate is ``hybrid_speed_ratio`` (default: the
+        fit's, :data:`HYBRID_SPEED_RATIO`) × the converted standalone rate.
 
         Args:
             run: The run to predict (a :class:`~lightning_hybrid_rollout.sim.scenario.RunSpec` or its mapping:
                 ``name``, ``train_devices``, ``rollout_devices``, ``hybrid``, ``async_training`` of
                 :data:`~lightning_hybrid_rollout.sim.scenario.RUN_KEYS`).
-            standalone_speed_with_hybrid: The conversion factor (0 < f).
+            standalone_speed_with_hybrid: The conversion factor (0 < f); None: measured (above).
             hybrid_speed_ratio: ``ρ`` when the fit did not measure it (ignored when it did).
 
         Raises:
             CalibrationError: A factor that is not > 0, or a run the scenario refuses.
         """
-        f = (
-            STANDALONE_SPEED_WITH_HYBRID
-            if standalone_speed_with_hybrid is None
-            else float(standalone_speed_with_hybrid)
-        )
+        f = self.standalone_speed_with_hybrid(standalone_speed_with_hybrid)
         rho = self.hybrid_speed_ratio if hybrid_speed_ratio is None else float(hybrid_speed_ratio)
         if not f > 0 or (rho is not None and not rho > 0):
             raise CalibrationError(
@@ -131,15 +138,29 @@ class Calibration:
         spec = probe.runs[0]
         serves = spec.hybrid and spec.policy != "static_fully_async"
         v = self.scenario.replica.tokens_per_s
+        average = self.standalone_average_over_outside  # the standalone replicas' average over their rate outside
         if self.hybrid_served and not serves:
             v /= f
         elif serves and not self.hybrid_served:
             v *= f
+            if standalone_speed_with_hybrid is None:  # measured: slowed throughout, not again while training
+                data["replica"] = {**data["replica"], "speed_while_training": 1.0}
+                average = 1.0
         data["replica"] = {**data["replica"], "tokens_per_s": v}
         if self.hybrid_speed_ratio is not None and rho is not None:  # not measured: follows the standalone rate
             hybrid = data["hybrid_replica"] or dict(data["replica"])
-            data["hybrid_replica"] = {**hybrid, "tokens_per_s": rho * v * self.standalone_average_over_outside}
+            data["hybrid_replica"] = {**hybrid, "tokens_per_s": rho * v * average}
         return Scenario.from_dict(data)
+
+    def standalone_speed_with_hybrid(self, given: float | None = None) -> float:
+        """The factor :meth:`scenario_for` converts the standalone replicas' rate by between a static run and a
+        serving one: ``given``; else, from a static fit, the fitted ``replica.speed_while_training``; else (a serving
+        fit) :data:`STANDALONE_SPEED_WITH_HYBRID`."""
+        if given is not None:
+            return float(given)
+        if not self.hybrid_served:
+            return float(self.scenario.replica.speed_while_training)
+        return STANDALONE_SPEED_WITH_HYBRID
 
     @property
     def standalone_average_over_outside(self) -> float:

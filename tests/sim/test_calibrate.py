@@ -275,6 +275,7 @@ def test_scenario_for_converts_the_standalone_rate_and_assumes_the_hybrid_one():
     # dynamic fit -> the static run: the standalone rate / f, the measured hybrid rate kept
     dynamic = calibrate_run(PAIR / "rate_matched_r1")
     assert dynamic.hybrid_served and dynamic.hybrid_speed_ratio is None
+    assert dynamic.standalone_speed_with_hybrid() == STANDALONE_SPEED_WITH_HYBRID  # not measurable from a serving run
     assert dynamic.parameter("hybrid_replica.tokens_per_s").measured
     back = dynamic.scenario_for(STATIC_RUN, standalone_speed_with_hybrid=0.8)
     assert back.replica.tokens_per_s == pytest.approx(dynamic.scenario.replica.tokens_per_s / 0.8)
@@ -367,7 +368,26 @@ def test_a_real_run_measures_its_standalone_replica_slower_while_the_trainer_tra
     assert 0.95 < mix < 1.0 and mix == fit.standalone_average_over_outside
     hybrid = fit.scenario.hybrid_model.tokens_per_s
     assert hybrid == pytest.approx(HYBRID_SPEED_RATIO * fit.scenario.replica.tokens_per_s * mix)
-    swapped = fit.scenario_for(DYNAMIC_RUN)  # the same conversion when the run is swapped for a dynamic one
+    # swapped for a dynamic run (the trainer's core busy nearly throughout, training or lent to the hybrid replica):
+    # the standalone rate x the measured speed_while_training throughout, not slowed again while training; the
+    # assumed hybrid rate follows that rate (the standalone replica's average there)
+    assert fit.standalone_speed_with_hybrid() == p.value
+    swapped = fit.scenario_for(DYNAMIC_RUN)
+    assert swapped.replica.tokens_per_s == pytest.approx(p.value * fit.scenario.replica.tokens_per_s, rel=1e-9)
+    assert swapped.replica.speed_while_training == 1.0
     assert swapped.hybrid_model.tokens_per_s == pytest.approx(
-        HYBRID_SPEED_RATIO * swapped.replica.tokens_per_s * mix, rel=1e-9
+        HYBRID_SPEED_RATIO * swapped.replica.tokens_per_s, rel=1e-9
+    )
+    # a given factor multiplies the rate instead, the fitted slowdown while training kept
+    given = fit.scenario_for(DYNAMIC_RUN, standalone_speed_with_hybrid=1.0)
+    assert given.replica.tokens_per_s == pytest.approx(fit.scenario.replica.tokens_per_s, rel=1e-9)
+    assert given.replica.speed_while_training == p.value
+    assert given.hybrid_model.tokens_per_s == pytest.approx(
+        HYBRID_SPEED_RATIO * given.replica.tokens_per_s * mix, rel=1e-9
+    )
+    # the static run itself: as fitted
+    same = fit.scenario_for(STATIC_RUN)
+    assert (same.replica.tokens_per_s, same.replica.speed_while_training) == (
+        fit.scenario.replica.tokens_per_s,
+        p.value,
     )
