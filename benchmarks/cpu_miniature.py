@@ -618,7 +618,7 @@ def main(argv: list[str] | None = None) -> None:
                 spreads.append(round_spread(results, policies, i - 1))
                 print(_round_line(i, spreads[-1], args.steady_tolerance), flush=True)
         else:
-            for pol, rep in run_order(policies, args.repeats, args.order):
+            for pol, rep in alternate_order(policies, args.repeats):
                 run(pol, rep)
     finally:
         if not args.out:
@@ -646,17 +646,11 @@ def _round_line(i: int, spread: float | None, tolerance: float) -> str:
 ORDERS = ("bracket", "alternate")
 
 
-def run_order(policies: list[str], repeats: int, order: str) -> list[tuple[str, int]]:
-    """The runs in the order they run, as ``(policy, repeat)`` (repeats from 1; ``policies[0]`` is the static one).
-
-    ``bracket``: each round's static run, then its dynamic runs; a closing static run ``repeats + 1``.
-    ``alternate``: round 1 in ``policies`` order, round 2 reversed, ...; every policy once per round."""
-    if order == "bracket":
-        rounds = [[(pol, rep + 1) for pol in policies] for rep in range(repeats)]
-        return [run for r in rounds for run in r] + [(policies[0], repeats + 1)]
-    if order == "alternate":
-        return [(pol, rep + 1) for rep in range(repeats) for pol in (policies if rep % 2 == 0 else policies[::-1])]
-    raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+def alternate_order(policies: list[str], repeats: int) -> list[tuple[str, int]]:
+    """``--order alternate``'s runs in the order they run, as ``(policy, repeat)`` (repeats from 1): round 1 in
+    ``policies`` order, round 2 reversed, ...; every policy once per round. (``bracket`` runs round by round in
+    :func:`main`: static ``r1``, then per round its dynamic runs and the next static run.)"""
+    return [(pol, rep + 1) for rep in range(repeats) for pol in (policies if rep % 2 == 0 else policies[::-1])]
 
 
 def static_reference(static: list[float], dynamic_runs: int) -> list[float]:
@@ -694,7 +688,8 @@ def _report(
     static = results[STATIC]
     counted = None if spreads is None else counted_rounds(spreads, repeats or len(spreads), tolerance)
     if spreads is not None and counted is not None and len(counted) < len(spreads):
-        aside = ", ".join(f"r{i + 1} ({s:.1%})" for i, s in enumerate(spreads) if i not in counted and s is not None)
+        # a round left out always has a spread (counted_rounds counts an unknown one first)
+        aside = ", ".join(f"r{i + 1} ({s or 0.0:.1%})" for i, s in enumerate(spreads) if i not in counted)
         print(
             f"speedups over rounds {', '.join(f'r{i + 1}' for i in counted)}; not counted, the machine's speed moved "
             f"more than {tolerance:.0%} over them: {aside}"

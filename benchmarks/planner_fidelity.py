@@ -34,7 +34,8 @@ Steady rounds (since 2026-12-04): the medians count only the rounds over which t
 moved at most ``--steady-tolerance`` (default 10%: the slowest of the round's runs' probe readings over the fastest,
 minus 1; :func:`machine_speed.probe_spread`), or the ``--repeats`` steadiest when fewer held
 (:func:`machine_speed.counted_rounds`); a round set aside is printed with its figures and marked. ``cpu_miniature``
-runs another round while too few held (``--extra-rounds``, default 4, passed on). The criterion reads only the probe,
+runs another round while too few held (its ``--extra-rounds``, default 4, passed on like every other option this
+script does not take). The criterion reads only the probe,
 nothing of the runs or the predictions. In the 18 rounds of six earlier sessions (pf12-pf17, ``--reuse``) the probe
 moved more than 10% over 10; the 8 steady rounds' speedup errors have a median of 0.056 (0.008-0.133), the 10 others'
 0.115 (0.013-0.174).
@@ -579,9 +580,9 @@ class Rounds:
             "each round's prediction against that round's real run; the machine's speed drifts between runs "
             "minutes apart, a median keeps one drifted round from deciding the figure"
             + (
-                f"; not counted ({', '.join(sorted(aside, key=lambda x: int(x[1:])))}): the machine-speed probe moved "
+                f"; not counted ({', '.join(label for label, _ in self.set_aside)}): the machine-speed probe moved "
                 f"more than {self.tolerance:.0%} over them"
-                if aside
+                if self.set_aside
                 else ""
             )
         )
@@ -881,12 +882,6 @@ def main(argv: list[str] | None = None) -> Comparison | Rounds:
         default=STEADY_TOLERANCE,
         help="a round counts when the machine-speed probe moved at most this fraction over its runs (cpu_miniature's)",
     )
-    p.add_argument(
-        "--extra-rounds",
-        type=int,
-        default=4,
-        help="rounds run at most beyond --repeats while fewer than --repeats are steady (cpu_miniature's; bracket)",
-    )
     p.add_argument("--steps", type=int, default=64, help="optimizer steps per real run")
     p.add_argument("--out", default=None, help="keep the real runs' folders here (default: a temp dir)")
     p.add_argument("--hybrid-speed-ratio", type=float, default=HYBRID_SPEED_RATIO)
@@ -931,8 +926,6 @@ def main(argv: list[str] | None = None) -> Comparison | Rounds:
                     str(args.steps),
                     "--steady-tolerance",
                     str(args.steady_tolerance),
-                    "--extra-rounds",
-                    str(args.extra_rounds),
                     "--out",
                     str(out),
                     *rest,

@@ -4,6 +4,7 @@ and the report's last lines (its real runs are exercised by ``planner_fidelity``
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,21 +13,43 @@ import pytest
 from tests.benchmarks import load_benchmark
 
 
-def test_the_bracket_order_puts_every_round_between_two_static_runs():
-    order = load_benchmark("cpu_miniature").run_order(["static_fully_async", "default", "rate_matched"], 2, "bracket")
-    assert order == [
-        ("static_fully_async", 1),
-        ("default", 1),
-        ("rate_matched", 1),
-        ("static_fully_async", 2),
-        ("default", 2),
-        ("rate_matched", 2),
-        ("static_fully_async", 3),
+def _fake_main(monkeypatch: pytest.MonkeyPatch, slow: Collection[str] = ()) -> tuple[Any, list[str]]:
+    """cpu_miniature with its runs faked: static walls 50 s, dynamic 40 s, probe 1.0; a run in ``slow`` 1.3x on both
+    (the machine 30% slower while it ran). Returns the module and the run tags in the order they ran."""
+    cm = load_benchmark("cpu_miniature")
+    ran: list[str] = []
+
+    def fake_run(pol: str, tag: str, *args: Any) -> tuple[dict[str, Any], float]:
+        ran.append(tag)
+        factor = 1.3 if tag in slow else 1.0
+        wall = 50.0 if pol == "static_fully_async" else 40.0
+        return _result(wall * factor, 0.9, probe_ms=factor), 1.0
+
+    monkeypatch.setattr(cm, "_build_model", lambda *a: 0.0)
+    monkeypatch.setattr(cm, "_run_one", fake_run)
+    monkeypatch.setattr(cm, "_line", lambda tag, s, t: tag)
+    return cm, ran
+
+
+def test_the_bracket_order_puts_every_round_between_two_static_runs(monkeypatch, capsys):
+    cm, ran = _fake_main(monkeypatch)
+    cm.main(["--policies", "static_fully_async,default,rate_matched", "--repeats", "2"])
+    assert ran == [
+        "static_fully_async_r1",
+        "default_r1",
+        "rate_matched_r1",
+        "static_fully_async_r2",
+        "default_r2",
+        "rate_matched_r2",
+        "static_fully_async_r3",
     ]
+    with pytest.raises(SystemExit):
+        cm.main(["--order", "random"])
+    capsys.readouterr()
 
 
 def test_the_alternate_order_reverses_every_second_round():
-    order = load_benchmark("cpu_miniature").run_order(["static_fully_async", "rate_matched"], 3, "alternate")
+    order = load_benchmark("cpu_miniature").alternate_order(["static_fully_async", "rate_matched"], 3)
     assert order == [
         ("static_fully_async", 1),
         ("rate_matched", 1),
@@ -35,8 +58,6 @@ def test_the_alternate_order_reverses_every_second_round():
         ("static_fully_async", 3),
         ("rate_matched", 3),
     ]
-    with pytest.raises(ValueError, match="order must be one of"):
-        load_benchmark("cpu_miniature").run_order(["static_fully_async", "rate_matched"], 1, "random")
 
 
 def test_a_bracketed_dynamic_run_is_measured_against_the_mean_of_the_static_runs_around_it():
@@ -97,19 +118,7 @@ def test_the_report_prints_the_bracketed_speedups_last(capsys):
 def test_a_round_over_which_the_machine_moved_is_replaced_and_left_out_of_the_speedup(monkeypatch, capsys, tmp_path):
     """The bracketed loop, its runs faked: round r2's dynamic run ran while the probe read the machine 30% slower
     (and its wall 30% longer); another round follows it, and the speedup is over r1, r3 and r4."""
-    cm = load_benchmark("cpu_miniature")
-    ran: list[str] = []
-    slow = {"rate_matched_r2"}
-
-    def fake_run(pol: str, tag: str, *args: Any) -> tuple[dict[str, Any], float]:
-        ran.append(tag)
-        factor = 1.3 if tag in slow else 1.0
-        wall = 50.0 if pol == "static_fully_async" else 40.0
-        return _result(wall * factor, 0.9, probe_ms=factor), 1.0
-
-    monkeypatch.setattr(cm, "_build_model", lambda *a: 0.0)
-    monkeypatch.setattr(cm, "_run_one", fake_run)
-    monkeypatch.setattr(cm, "_line", lambda tag, s, t: tag)
+    cm, ran = _fake_main(monkeypatch, slow={"rate_matched_r2"})
     cm.main(["--policies", "static_fully_async,rate_matched", "--repeats", "3", "--out", str(tmp_path)])
     lines = capsys.readouterr().out.splitlines()
     s, d = "static_fully_async", "rate_matched"
