@@ -17,7 +17,8 @@ a *finite* stream of prompts (``--requests`` samples = prompts x ``n``) while a 
 - from cycle 2 on, every 2 cycles, it ``kill -9`` s one replica's actor mid-cycle, while requests are in flight:
   rounds of every slot once, in random order (a slot only once its last replacement joined, a standalone slot only
   while the other standalone replica is up; when none of the round's slots may be killed, another that may, else the
-  kill waits a cycle); every other hybrid kill hits it while it serves, the others while it is parked. The last
+  driver first waits for the pending replacement to join, so every kill cycle kills: ``len(range(2, cycles - 2,
+  2))`` kills); every other hybrid kill hits it while it serves, the others while it is parked. The last
   kill is 3 cycles before the end; 2 cycles before the end the driver waits until every replacement joined, so
   each one serves requests before the stream ends (checked: a replacement that served nothing fails the soak, since
   the version check would say nothing about it).
@@ -472,9 +473,9 @@ class Soak:
               f"{a.response_length}, {a.cycles} cycles of {self.per_cycle}", flush=True)  # fmt: skip
         rt.set_weight_version(0)
         rt.start_generation()
-        # kills from cycle 2 on, every 2 cycles, the last one by 3 cycles before the end (a kill waits a cycle while
-        # no slot may be killed: see killable); 2 cycles before the end every replacement has joined, so each one
-        # serves before the stream ends
+        # kills from cycle 2 on, every 2 cycles, the last one by 3 cycles before the end (a kill cycle while no slot
+        # may be killed first waits for the pending replacement to join: see killable); 2 cycles before the end
+        # every replacement has joined, so each one serves before the stream ends
         next_kill, last_kill, join_by = 2, a.cycles - 3, a.cycles - 2
         taken = 0
         for cycle in range(1, a.cycles + 1):
@@ -483,7 +484,12 @@ class Soak:
             kill_at = 0
             if cycle == join_by and self.pending_replacements():
                 self.wait_replacements(a.stall_s)
-            victim = self.next_victim() if next_kill <= cycle <= last_kill else None
+            victim = None
+            if next_kill <= cycle <= last_kill:
+                victim = self.next_victim()
+                if victim is None and self.pending_replacements():
+                    self.wait_replacements(a.stall_s)  # a kill cycle waits for a slow replacement to join
+                    victim = self.next_victim()
             if victim is not None:
                 if victim.startswith("hybrid") and self.hybrid_kills % 2 == 0 and not self.hybrid_active:
                     self.activate()  # every other hybrid kill hits it while it serves, the others while it is parked
@@ -592,6 +598,8 @@ class Soak:
         if c["rejected_segments"]:  # a replica routed while parked (e.g. a replacement added to a sleeping pool)
             problems.append(f"{c['rejected_segments']} segments refused by a parked engine")
         restarts = self.rt.replica_restarts()
+        if self.cycles_done == a.cycles and len(self.kills) != len(range(2, a.cycles - 2, 2)):
+            problems.append(f"{len(self.kills)} kills, but every 2nd cycle from 2 to {a.cycles - 3} kills one")
         if restarts != len(self.kills):
             problems.append(f"{len(self.kills)} kills but {restarts} replacements joined")
         if self.cycles_done < a.cycles:
