@@ -165,3 +165,13 @@ def test_stopping_the_watchdog_kills_only_the_runs_processes(private_tmp: Path) 
         for p in (mine, ray_like):
             p.kill()
             p.wait()
+
+
+def test_the_watchdog_walks_the_tree_less_often_while_it_stays_the_same_and_at_once_again_when_it_grows() -> None:
+    period = run_guard._WATCH_PERIOD_S
+    seen = []
+    for _ in range(6):
+        period = run_guard.next_watch_period(period, changed=False)
+        seen.append(period)
+    assert seen == [1.0, 2.0, 4.0, 4.0, 4.0, 4.0]
+    assert run_guard.next_watch_period(4.0, changed=True) == run_guard._WATCH_PERIOD_S
