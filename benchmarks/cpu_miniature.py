@@ -606,6 +606,9 @@ def main(argv: list[str] | None = None) -> None:
         print(_line(tag, summary, total_s), flush=True)
 
     spreads: list[float | None] | None = None
+    # a terminated benchmark (kill, a CI timeout) takes its running worker down too: SIGTERM's default would end this
+    # process at once, leaving the worker (its own session) to run to its end
+    previous = signal.signal(signal.SIGTERM, _sigterm_exits)
     try:
         if args.order == "bracket":  # round by round: one more while too few rounds held the machine's speed
             spreads = []
@@ -621,11 +624,17 @@ def main(argv: list[str] | None = None) -> None:
             for pol, rep in alternate_order(policies, args.repeats):
                 run(pol, rep)
     finally:
+        signal.signal(signal.SIGTERM, previous)
         if not args.out:
             shutil.rmtree(work, ignore_errors=True)
 
     print(f"total benchmark time {time.monotonic() - t_all:.0f} s")
     _report(policies, results, args.speedup_policy, spreads, args.repeats, args.steady_tolerance)
+
+
+def _sigterm_exits(signum: int, frame: Any) -> None:
+    """SIGTERM as ``SystemExit``: the ``finally`` of the running run kills its worker's process group."""
+    raise SystemExit(128 + signum)
 
 
 def round_spread(results: dict[str, list[dict[str, Any]]], policies: list[str], index: int) -> float | None:

@@ -1,9 +1,10 @@
 """``benchmarks/cpu_miniature.py``'s pure parts: the run order, the static side each dynamic run is measured against,
 and the report's last lines (its real runs are exercised by ``planner_fidelity`` and the docs; its per-run bound by
-``tests/test_run_bound.py``)."""
+``tests/test_run_bound.py``); and, with a real worker, that terminating the benchmark takes the worker down."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Collection
 from types import SimpleNamespace
 from typing import Any
@@ -135,3 +136,38 @@ def test_a_round_over_which_the_machine_moved_is_replaced_and_left_out_of_the_sp
     lines = capsys.readouterr().out.splitlines()
     assert len(ran) == 7 and not any(line.startswith("speedups over rounds") for line in lines)
     assert "per repeat: 1.25, 0.96, 1.25" in next(line for line in lines if line.startswith("rate_matched: speedup"))
+
+
+@pytest.mark.slow
+def test_terminating_the_benchmark_takes_its_running_worker_down(tmp_path):
+    """SIGTERM to cpu_miniature while a run's worker (its own session: Ray, vLLM) trains: the worker goes too."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import psutil
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "cpu_miniature.py"
+    bench = subprocess.Popen(
+        [sys.executable, str(script), "--repeats", "1", "--steps", "64", "--out", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    spec = str(tmp_path / "static_fully_async_r1" / "spec.json")
+    worker = None
+    try:
+        deadline = time.monotonic() + 300
+        while worker is None and time.monotonic() < deadline and bench.poll() is None:
+            worker = next((p for p in psutil.process_iter(["cmdline"]) if spec in (p.info["cmdline"] or [])), None)
+            time.sleep(0.5)
+        assert worker is not None, "the first run's worker never started"
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=30) == 128 + signal.SIGTERM
+        worker.wait(timeout=30)  # psutil.TimeoutExpired: the worker outlived the benchmark
+    finally:
+        for p in [bench.pid] + ([worker.pid] if worker is not None else []):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p, signal.SIGKILL) if p != bench.pid else os.kill(p, signal.SIGKILL)
