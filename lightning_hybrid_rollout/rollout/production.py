@@ -348,8 +348,10 @@ class ProductionLoop:
         finally:
             group.delivering = False
         self.dropped += len(samples)
+        if self._stopping and self._error is None:  # the end of a fit: _shutdown says once what it kept
+            return
         log.warning(
-            "%s: %d samples of %s not delivered (queue closed or stopping); kept in state_dict",
+            "%s: %d samples of %s not delivered (queue closed); kept in state_dict",
             self.name,
             len(samples),
             group.group_id,
@@ -431,6 +433,7 @@ class ProductionLoop:
             self._gate.set()  # parked samples see _stopping and return
         if self._space is not None:
             self._space.set()  # samples waiting for queue room give up (their group stays in state_dict)
+            await asyncio.sleep(0)  # ... by themselves, before the tasks are cancelled
         if abort_in_flight and self._tasks:
             try:
                 await self.load_balancer.abort_replicas(None, wait=True, timeout=min(timeout, self.abort_timeout_s))
@@ -443,6 +446,17 @@ class ProductionLoop:
         self._kick()
         if self._main_task is not None:
             await asyncio.gather(self._main_task, return_exceptions=True)
+        finished = sum(s.result is not None for g in self._groups.values() for s in g.samples)
+        unfinished = sum(s.result is None for g in self._groups.values() for s in g.samples)
+        if finished or unfinished:
+            log.info(
+                "%s: stopped with %d finished samples not yet in the queue and %d unfinished ones (%d groups), kept "
+                "in state_dict (a resumed fit continues them)",
+                self.name,
+                finished,
+                unfinished,
+                len(self._groups),
+            )
 
     async def _state_dict_async(self) -> dict[str, Any]:
         counters = self.counters()

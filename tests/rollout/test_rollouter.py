@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 import zlib
@@ -367,6 +368,30 @@ def test_state_dict_round_trip_loses_and_duplicates_nothing():
     assert len(uids) == len(set(uids)) == 80
     for s in got:
         check_sample(s, 12)
+
+
+def test_a_normal_stop_says_once_what_it_kept_instead_of_warning_for_each_group(caplog):
+    """The end of a fit leaves finished groups waiting for queue room and others in flight: one INFO line counts
+    them (they stay in the state_dict), not a WARNING per group."""
+    fake = FakeReplica("a", token_latency=(0.0, 0.001))
+    ro, _queue = make([fake], n_prompts=40, n=2, max_required=16, per_replica=8, queue_size=2)
+    caplog.set_level(logging.INFO, logger="lightning_hybrid_rollout.rollout.rollouter")
+    ro.start()
+    wait_for(lambda: ro.counters()["total_generated_samples"] >= 8)  # the queue holds 2: 3 groups wait for room
+    ro.stop()
+    pending = ro.state_dict()["pending_groups"]
+    samples = [s for g in pending for s in g["samples"]]
+    finished = sum(1 for s in samples if s.get("result"))
+    assert finished >= 6
+    records = [r for r in caplog.records if "not delivered" in r.getMessage() or "stopped with" in r.getMessage()]
+    assert [(r.levelno, r.getMessage()) for r in records] == [
+        (
+            logging.INFO,
+            f"rollouter: stopped with {finished} finished samples not yet in the queue and "
+            f"{len(samples) - finished} unfinished ones ({len(pending)} groups), kept in state_dict (a resumed fit "
+            "continues them)",
+        )
+    ]
 
 
 def test_a_failing_reward_fn_stops_the_rollouter_and_wakes_the_trainer():
