@@ -33,7 +33,8 @@ GAP_HELP: dict[str, str] = {
     "standalone_not_serving_other": "standalone replicas not serving for another reason",
     "standalone_below_peak": "standalone replicas with fewer samples than their limit (admission open)",
     "standalone_below_peak_admission_blocked": "standalone replicas under-filled while admission was blocked",
-    "slowed_while_training": "replicas decoding slower while the trainer trains (replica.speed_while_training)",
+    "slowed_while_training": "replicas decoding below their best speed: slower while the trainer trains "
+    "(replica.speed_while_training < 1), or outside its training spans (> 1)",
     "reprefill_after_standalone_sync_aborts": "re-prefill of samples aborted by the standalone weight sync",
     "reprefill_after_standalone_aborts": "re-prefill of samples aborted on standalone replicas (rebalance)",
     "reprefill_after_hybrid_aborts": "re-prefill of samples aborted on hybrid replicas (deactivation, rebalance)",

@@ -472,7 +472,8 @@ class _Run:
         for key in BREAKDOWN_KEYS:
             if key not in ("training_compute", "waiting_hybrid_generating"):
                 out[f"trainer_{key}"] = rho * T * b[key]
-        hybrid_peak = acc.get("hybrid_decoded", 0.0) + acc.get("hybrid_below_peak", 0.0)
+        # what the hybrid replicas decoded, lacked of their limit, or of their best speed (booked as slowed)
+        hybrid_peak = sum(acc.get(f"hybrid_{k}", 0.0) for k in ("decoded", "below_peak", "slowed"))
         out["hybrid_below_own_peak"] = acc.get("hybrid_below_peak", 0.0)
         pieces_term = balance_term_from_pieces(
             T, S, train_device_s, bound_pieces(sc, self.trained, dict(w.progress_at))

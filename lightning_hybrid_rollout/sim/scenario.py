@@ -229,6 +229,12 @@ class ReplicaModel:
             self.kv_cache_tokens = _num(self.kv_cache_tokens, "replica.kv_cache_tokens", strict=True)
         self.speed_while_training = _num(self.speed_while_training, "replica.speed_while_training", strict=True)
 
+    @property
+    def best_speed(self) -> float:
+        """The largest share of ``tokens_per_s`` the replica decodes at: ``speed_while_training`` where the trainer's
+        training speeds it up (a run measured above 1), else 1. The balance bound credits every replica with it."""
+        return max(1.0, self.speed_while_training)
+
     def run_limit(self, cap: int, context_tokens: float) -> int:
         """Samples that decode at once: ``cap``, or fewer if their KV cache (``context_tokens`` each) does not fit."""
         if self.kv_cache_tokens is None:

@@ -310,9 +310,11 @@ class RolloutWorld:
         """Add ``dt`` seconds of every replica's state to :attr:`device_account`.
 
         Serving replicas: what they decode (``<kind>_decoded``) and what they could decode more at their own peak
-        (``<kind>_below_peak``, ``standalone_below_peak_throttled`` while admission is blocked) and what the trainer's
-        training takes off their speed (``<kind>_slowed``), all in standalone device-seconds; standalone replicas not
-        serving: their device-seconds per state (``standalone_<state>``).
+        (``<kind>_below_peak``, ``standalone_below_peak_throttled`` while admission is blocked) and what they decode
+        below their best speed (``<kind>_slowed``: the trainer's training takes it off, or, with a
+        ``speed_while_training`` above 1, its absence does), all in standalone device-seconds at the best speed, so
+        the three add up to the replica's peak; standalone replicas not serving: their device-seconds per state
+        (``standalone_<state>``).
         """
         acc = self.device_account
         unit = self.standalone_peak_per_device
@@ -320,12 +322,13 @@ class RolloutWorld:
             kind = r.kind
             if r.serving:
                 limit = r.limit or r.cap
+                best = r.model.best_speed
                 full = r.model.throughput(len(r.members), limit)
                 x = full * r.speed_factor
-                short = (r.model.throughput(limit, limit) - full) * dt / unit
+                short = (r.model.throughput(limit, limit) - full) * best * dt / unit
                 acc[kind + "_decoded"] = acc.get(kind + "_decoded", 0.0) + x * dt / unit
-                if x < full:
-                    acc[kind + "_slowed"] = acc.get(kind + "_slowed", 0.0) + (full - x) * dt / unit
+                if x < full * best:
+                    acc[kind + "_slowed"] = acc.get(kind + "_slowed", 0.0) + (full * best - x) * dt / unit
                 key = kind + ("_below_peak_throttled" if self._throttled and kind == "standalone" else "_below_peak")
                 acc[key] = acc.get(key, 0.0) + short
             elif kind == "standalone":
@@ -535,7 +538,7 @@ class RolloutWorld:
         context = self.scenario.lengths.context_at(self.progress)
         sm = self.scenario.replica
         limit = sm.run_limit(self.scenario.cap_of(sm), context)
-        self.standalone_peak_per_device = sm.throughput(limit, limit) / sm.devices
+        self.standalone_peak_per_device = sm.throughput(limit, limit) * sm.best_speed / sm.devices
         for r in self.replicas:
             r.advance(self.now)
             r.limit = r.model.run_limit(r.cap, context)

@@ -79,6 +79,48 @@ def test_replicas_slowed_while_the_trainer_trains_decode_less_in_training_spans_
     assert 0.5 * full_rate < inside <= 0.6 * full_rate * 1.001
 
 
+def test_a_replica_faster_while_the_trainer_trains_never_lets_a_run_beat_its_balance_bound():
+    """A fitted ``speed_while_training`` can exceed 1: the quickstart's dynamic run measured 1.16 (its standalone
+    replica decoded faster while the trainer trained than while the hybrid replica served), and `lhr plan` on it
+    printed efficiencies of 1.02. The bound credits every replica with that best speed, so no run beats it. The
+    scenario is the quickstart's fit (short responses, a generation-bound 1+1 split), 40 steps."""
+    data = {
+        "name": "faster_while_training",
+        "steps": 40,
+        "async_training": {"mini_batch_size": 256, "trigger_parameter_sync_step": 2, "staleness_threshold": 0.5},
+        "concurrent_samples_per_replica": 64,
+        "group_size": 8,
+        "lengths": {"mean_tokens": 2.0, "sigma": 0.07, "min_tokens": 1, "max_tokens": 4, "prompt_tokens": 5},
+        "replica": {"devices": 1, "tokens_per_s": 82.0, "batch_slowdown": 0.02, "kv_cache_tokens": 32768},
+        "hybrid_replica": {"devices": 1, "tokens_per_s": 28.5, "batch_slowdown": 0.02, "kv_cache_tokens": 32768},
+        "trainer": {"device_s_per_token": 6.9e-05, "step_overhead_s": 0.03},
+        "switch": {"standalone_sync_s": 0.012, "standalone_commit_s": 0.003, "hybrid_sync_s": 0.005},
+        "runs": [
+            {"name": "static", "train_devices": 1, "rollout_devices": 1},
+            {
+                "name": "static_staged_keep",
+                "train_devices": 1,
+                "rollout_devices": 1,
+                "async_training": {"staged_standalone_sync": True, "standalone_sync_mode": "keep"},
+            },
+            dynamic_run("dynamic", "rate_matched", train=1, rollout=1),
+        ],
+    }
+    data["replica"]["speed_while_training"] = 1.16
+    for r in simulate(Scenario.from_dict(data)).runs:
+        assert r.time_s >= r.work_bound_s, (r.name, r.time_s, r.work_bound_s)
+
+
+def test_the_gap_books_the_speed_a_replica_lacks_outside_training_when_training_speeds_it_up():
+    replica = {"devices": 1, "tokens_per_s": 40.0, "batch_slowdown": 0.05, "speed_while_training": 1.5}
+    result = simulate(tiny_scenario(replica=replica, trainer={"device_s_per_token": 0.002}))
+    for r in result.runs:  # dynamic_default's hybrid replica serves outside training: its lack is booked once
+        assert r.time_s >= r.work_bound_s
+        assert r.gap_s["slowed_while_training"] > 0
+        assert sum(r.gap_s[k] for k in GAP_KEYS) == pytest.approx(r.gap_s["total"], abs=1e-6)
+        assert abs(r.gap_s["residual"]) < 1e-6 * r.time_s
+
+
 def test_a_replica_must_keep_some_speed_while_the_trainer_trains():
     with pytest.raises(ValueError, match="speed_while_training"):
         tiny_scenario(replica={"devices": 1, "tokens_per_s": 40.0, "speed_while_training": 0})
