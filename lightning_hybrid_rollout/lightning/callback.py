@@ -651,9 +651,12 @@ class HybridRolloutCallback(Callback):
             # no standalone replica left: the hybrid replicas are the only ones that can generate
             forced_s = self._controller.activate(global_steps)
             end = dataclasses.replace(end, activated=True, activate_duration_s=forced_s)
-        if end.activated:
-            t_sw = self._clock() - end.activate_duration_s
-            self._runtime.trace_phase("switching", t_sw, t_sw + end.activate_duration_s, op="activate")
+        if end.activated:  # activate, then (the seed's order) rebalance: both end by now
+            t_rebalance = self._clock() - end.rebalance_duration_s
+            t_sw = t_rebalance - end.activate_duration_s
+            self._runtime.trace_phase("switching", t_sw, t_rebalance, op="activate")
+            if end.rebalanced:  # its own op, which the planner's fit reads as switch.rebalance_s
+                self._runtime.trace_phase("switching", t_rebalance, self._clock(), op="rebalance_requests")
             self.call_log.append("activate")
             self._record_switch("activate", end.activate_duration_s)
             log.debug("cycle %d: hybrid replicas activated (%.3fs)", global_steps, end.activate_duration_s)

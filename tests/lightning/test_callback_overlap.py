@@ -205,6 +205,7 @@ def drive(
 
         def record_phase(phase: str, start: float, end: float, **args: Any) -> None:
             phases.append(phase if not args.get("op") else f"{phase}:{args['op']}")
+            out.setdefault("spans", []).append((phases[-1], start, end))
             trace_phase(phase, start, end, **args)
 
         rt.trace_phase = record_phase  # type: ignore[method-assign]
@@ -318,6 +319,26 @@ def test_without_overlap_sync_the_cycle_end_keeps_the_seed_order(tmp_path: Path,
     assert [phase for phase, *_ in run["asks"]] == ["controller"] * 3
     assert "overlap_should_activate" not in run["cb"].call_log and run["cb"].overlap_events == []
     assert all(run["onloaded_when_training"])
+
+
+def test_the_rebalance_after_an_activation_is_traced_as_its_own_switch_after_the_activation(
+    tmp_path: Path, fake_push: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The seed's activate -> rebalance: each its own ``switching`` span (the planner's fit reads
+    ``op=rebalance_requests`` as ``switch.rebalance_s``), back to back, the activation not shifted by the rebalance."""
+    rebalance = Rollouter.rebalance_requests
+
+    def slow_rebalance(self: Rollouter, *args: Any, **kwargs: Any) -> int:
+        time.sleep(0.2)  # a rebalance that takes long enough to see where its span lies
+        return rebalance(self, *args, **kwargs)
+
+    monkeypatch.setattr(Rollouter, "rebalance_requests", slow_rebalance)
+    run = drive(tmp_path, lambda phase, step: step == 1, steps=2, dynamic_schedule_enable_rebalance=True)
+    spans = [sp for sp in run["spans"] if sp[0].startswith("switching")]
+    (_, a0, a1), (_, r0, r1) = spans
+    assert [name for name, *_ in spans] == ["switching:activate", "switching:rebalance_requests"]
+    assert a1 == pytest.approx(r0, abs=1e-6) and r1 - r0 >= 0.2 and a1 - a0 < 0.2 + WAKE_S + PUSH_S
+    assert run["boundaries"][0]["pool_calls"] == [*SEED_ACTIVATE, "rebalance_requests"]
 
 
 def test_cycle_sync_metrics_mean_this_cycles_pushes_and_whether_it_skipped_the_hybrid_sync(
