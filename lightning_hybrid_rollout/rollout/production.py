@@ -419,7 +419,8 @@ class ProductionLoop:
             gate.clear()
         try:
             lb.clear_sticky_cache()
-            n = await lb.abort_replicas(lb.replica_ids("active"), wait=True, timeout=timeout or self.abort_timeout_s)
+            # the aborted requests re-route as they come back (see Rollouter.rebalance_requests): not waited for
+            n = await lb.abort_replicas(lb.replica_ids("active"), wait=False, timeout=timeout or self.abort_timeout_s)
         finally:
             if gate is not None and was_open and not self._paused:
                 gate.set()

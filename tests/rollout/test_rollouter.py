@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
@@ -312,6 +313,37 @@ def test_rebalance_moves_in_flight_requests_to_the_new_replica():
         ro.stop()
     assert sorted(s.uid for s in got) == [f"g{i}-0" for i in range(4)]
     assert sorted(s.replica_ids[-1] for s in got) == ["a", "a", "b", "b"]
+
+
+class _SlowAbortReplica(FakeReplica):
+    """Its aborted requests come back 1 s after the abort call returns (an engine busy finishing a step)."""
+
+    async def abort(self, request_ids: list[str]) -> None:
+        loop = asyncio.get_running_loop()
+        for rid in request_ids:
+            req = self._running.get(rid)
+            if req is not None:
+                loop.call_later(1.0, lambda r=req: (setattr(r, "aborted", True), r.wake.set()))
+
+
+def test_a_rebalance_returns_once_its_aborts_are_sent_not_once_the_requests_come_back():
+    """The trainer waits for a rebalance (the seed's activate -> rebalance): only for the abort calls; the aborted
+    requests come back and move to the least-loaded replica on the rollouter's own time."""
+    a, b = _SlowAbortReplica("a", hold=True), FakeReplica("b", hold=True)
+    ro, queue = make([a], n_prompts=4, max_required=8, per_replica=4)
+    ro.start()
+    try:
+        wait_for(lambda: a.in_flight == 4)
+        ro.add_replicas([b])
+        assert ro.rebalance_requests() == 4
+        assert a.in_flight == 4  # returned before the aborted requests came back
+        wait_for(lambda: b.in_flight == 2 and a.in_flight == 2)
+        a.release_all()
+        b.release_all()
+        got = queue.get_batch(4, timeout=5)
+    finally:
+        ro.stop()
+    assert sorted(s.uid for s in got) == [f"g{i}-0" for i in range(4)]
 
 
 def test_deactivate_order_remove_then_abort_moves_work_to_standalone():
