@@ -172,6 +172,7 @@ def _worker(spec_path: str) -> None:
 
         def __init__(self) -> None:
             self.t_start = self.t_end = math.nan
+            self.counters: dict[str, int] = {}
             self.step_ends: list[float] = []
 
         def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -183,6 +184,7 @@ def _worker(spec_path: str) -> None:
 
         def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
             self.t_end = time.monotonic()
+            self.counters = dict(hybrid_cb.runtime.rollouter.counters())
             (root / "train_ended").touch()
 
     pl.seed_everything(spec["seed"], workers=True, verbose=False)
@@ -247,6 +249,7 @@ def _worker(spec_path: str) -> None:
         "call_log_counts": {k: hybrid_cb.call_log.count(k) for k in sorted(set(hybrid_cb.call_log))},
         "final_deactivate_ratio": hybrid_cb.policy.deactivate_ratio,
         "timings": timings,
+        "rollouter_counters": recorder.counters,
     }
     Path(spec["out"]).write_text(json.dumps(report, default=str))
 
@@ -357,6 +360,7 @@ def _summarize(run_dir: Path, report: dict[str, Any]) -> dict[str, Any]:
         "final_deactivate_ratio": report["final_deactivate_ratio"],
         "cycles": len(cyc),
         "timings": report.get("timings", {}),
+        "rollouter_counters": report.get("rollouter_counters", {}),
     }
 
 
@@ -470,6 +474,9 @@ def _line(tag: str, s: dict[str, Any], total_s: float) -> str:
         detail += " | tokens generated: " + ", ".join(
             f"{k} {v / 1000:.0f}k ({v / wall:.0f}/s of wall)" for k, v in sorted(tokens.items())
         )
+    c = s.get("rollouter_counters", {})
+    if c.get("total_prompts"):
+        detail += f", replica calls {c.get('replica_calls', 0) / c['total_prompts']:.2f} per group"
     cycle_s = sec("HybridRolloutCallback._log_cycle") + sec("HybridRolloutCallback._emit_cycle")
     detail += f", cycle metrics {cycle_s:.1f} s, weight gather {sec('HybridRolloutCallback._gather_weights'):.1f} s"
     if s.get("probe_ms_mean") is not None:

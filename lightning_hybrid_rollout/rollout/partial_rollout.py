@@ -47,6 +47,7 @@ class SegmentHost(Protocol):
     dead_replica_retries: int
     failed_segments: int
     rejected_segments: int
+    replica_calls: int
 
 
 class SampleGenerator:
@@ -127,6 +128,7 @@ class SampleGenerator:
                 )
                 for rid, st in zip(request_ids, pending)
             ]
+            host.replica_calls += 1
             try:
                 outcomes: list[GenerationResult | BaseException] = await generate_group(replica, requests)
             except Exception as exc:  # the call itself failed (a dead replica): every request's outcome

@@ -121,3 +121,18 @@ def test_generate_group_without_the_method_awaits_each_request_and_keeps_errors_
     out = asyncio.run(generate_group(Plain(), [("x", [1], spec), ("bad", [1], spec), ("y", [1], spec)]))
     assert time.monotonic() - t0 < 0.5
     assert [o.request_id for o in (out[0], out[2])] == ["x", "y"] and isinstance(out[1], ValueError)
+
+
+def test_a_group_waits_for_room_for_all_its_samples_instead_of_going_out_in_parts():
+    """A retry leaves the in-flight count off a multiple of the group size; the next groups still go in one call
+    each (parts would finish at their own times and split every later group too)."""
+    a = GroupFake("a", token_latency=(0.0, 0.001), fail={"g0-2:0"})
+    ro, queue = make([a], n_prompts=4, n=4, per_replica=4)
+    with ro:
+        got = queue.get_batch(16, timeout=10)
+        calls = ro.counters()["replica_calls"]
+    assert calls == len(a.group_calls) == 5  # 4 groups and the one retry
+    first_segments = [call for call in a.group_calls if call[0].endswith(":0")]
+    assert [len(call) for call in first_segments] == [4, 4, 4, 4]
+    assert a.max_in_flight <= 4
+    assert sorted(s.uid for s in got) == sorted(f"g{g}-{k}" for g in range(4) for k in range(4))
