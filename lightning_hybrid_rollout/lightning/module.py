@@ -19,11 +19,17 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 from typing_extensions import override
 
 from lightning_hybrid_rollout.lightning.data import RolloutBatch, next_rollout_batch
+from lightning_hybrid_rollout.lightning.shared_prompt import (
+    PromptBucket,
+    prompt_buckets,
+    shared_prompt_logprobs,
+    shares_prompts,
+)
 
 _MAX_LOG_RATIO = 20.0
 
@@ -142,6 +148,12 @@ class GRPOModule(LightningModule):
         temperature: Logits are divided by it; must match what the engine's log-probs were computed under.
         grad_clip: Max grad norm in manual mode (``Trainer(gradient_clip_val=...)`` is refused by Lightning
             there); in automatic mode used only if the Trainer sets none.
+        shared_prompt_forward: Run each prompt a batch's rows share (a GRPO group's ``n`` samples) through the
+            model once and its rows' responses on top of its cache (:mod:`~.shared_prompt`): the same log-probs
+            and gradients, without ``n - 1`` of each group's prompt forwards and backwards. Checked once, on the
+            first batch that shares prompts, against the plain forward; a model that cannot (gradient
+            checkpointing, no cache) or disagrees falls back to the plain forward with one warning. Single-process
+            training only (sharded strategies need the same model calls on every rank; there it is off).
 
     Example::
 
@@ -168,6 +180,7 @@ class GRPOModule(LightningModule):
         mask_truncated: bool = False,
         temperature: float = 1.0,
         grad_clip: float | None = None,
+        shared_prompt_forward: bool = True,
     ) -> None:
         super().__init__()
         if model_path is not None and model is not None:
@@ -187,6 +200,7 @@ class GRPOModule(LightningModule):
         self.model: nn.Module | None = model
         self.param_version: int = 0
         self.automatic_optimization = ppo_epochs == 1 and micro_batch_size is None
+        self._shared_prompt_ok: bool | None = None  # None: not checked yet (on the first batch that shares prompts)
 
     # ------------------------------------------------------------------ model
     @property
@@ -293,7 +307,21 @@ class GRPOModule(LightningModule):
         Example::
 
             logp = self.token_logprobs(batch)  # align with batch.response_mask[:, 1:]
+
+        With ``shared_prompt_forward`` (default) the rows that share a prompt share its forward
+        (:func:`~.shared_prompt.shared_prompt_logprobs`); the result is the same up to float rounding.
         """
+        if self._shared_prompt_ok is not False and self.hparams.get("shared_prompt_forward", False):
+            buckets = prompt_buckets(batch)
+            if shares_prompts(buckets):
+                if self._shared_prompt_ok is None:
+                    self._shared_prompt_ok = self._check_shared_prompt(batch, buckets)
+                if self._shared_prompt_ok:
+                    return shared_prompt_logprobs(self.policy_model, batch, self.hparams.temperature, buckets)
+        return self._full_token_logprobs(batch)
+
+    def _full_token_logprobs(self, batch: RolloutBatch) -> Tensor:
+        """:meth:`token_logprobs` with every row's whole sequence through the model (the plain forward)."""
         # Only the positions from the first response token on are scored: the prompt's logits (most of a short
         # answer's sequence, and a vocabulary-wide softmax each) are never computed. Columns before it are 0.
         width = batch.input_ids.shape[1]
@@ -306,6 +334,37 @@ class GRPOModule(LightningModule):
         targets = batch.input_ids[:, first + 1 :].unsqueeze(-1)
         logp = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
         return torch.nn.functional.pad(logp, (first, 0))
+
+    def _check_shared_prompt(self, batch: RolloutBatch, buckets: list[PromptBucket]) -> bool:
+        """Whether the shared-prompt forward may serve this fit: single process, and on ``batch`` it gives the
+        plain forward's log-probs (within float rounding). Warns once when it may not."""
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            rank_zero_info("GRPOModule: shared_prompt_forward is off under several ranks (plain forward)")
+            return False
+        model = self.policy_model
+        try:
+            with torch.no_grad():
+                shared = shared_prompt_logprobs(model, batch, self.hparams.temperature, buckets)
+                plain = self._full_token_logprobs(batch)
+        except Exception as err:  # a model without a usable cache: the plain forward serves
+            rank_zero_warn(
+                f"GRPOModule: shared_prompt_forward is off: {type(model).__name__} cannot continue a "
+                f"prompt's cache ({type(err).__name__}: {err}); set shared_prompt_forward=False to skip this check"
+            )
+            return False
+        mask = batch.response_mask[:, 1:] > 0
+        diff = float((shared - plain).abs()[mask].max()) if bool(mask.any()) else 0.0
+        dtype = next(model.parameters()).dtype
+        tolerance = 1e-3 if dtype == torch.float32 else 5e-2
+        if not diff <= tolerance:
+            rank_zero_warn(
+                f"GRPOModule: shared_prompt_forward is off: on the first batch its log-probs differ "
+                f"from the plain forward's by up to {diff:.3g} (tolerance {tolerance:g}); {type(model).__name__} "
+                "does not continue a prompt's cache exactly (set shared_prompt_forward=False to skip this check)"
+            )
+            return False
+        return True
 
     def loss_mask(self, batch: RolloutBatch) -> Tensor:
         """``[B, T - 1]`` weights of the tokens the loss trains (response tokens; filtered groups and, with

@@ -144,8 +144,9 @@ def _grads(module: GRPOModule, loss: torch.Tensor) -> list[torch.Tensor]:
 
 def test_token_logprobs_score_only_response_positions_and_equal_the_full_logits() -> None:
     """Logits are computed from the first response position on (``logits_to_keep``); the scored values equal a
-    full forward's, the prompt columns before it are 0, and a model without ``logits_to_keep`` gets the same."""
-    module = GRPOModule(model=tiny_llama())
+    full forward's, the prompt columns before it are 0, and a model without ``logits_to_keep`` gets the same (the
+    plain forward: ``shared_prompt_forward`` off, tests/lightning/test_shared_prompt.py has the shared one)."""
+    module = GRPOModule(model=tiny_llama(), shared_prompt_forward=False)
     batch = collate_samples(synthetic_samples(3, groups=3))
     calls: list[int] = []
     model = module.policy_model

@@ -1,0 +1,153 @@
+"""Shared-prompt log-probs: each distinct prompt of a batch runs through the model once, its rows continue from it.
+
+A GRPO batch holds ``n`` samples per prompt: every group's rows start with the same prompt tokens. The plain forward
+(:meth:`GRPOModule.token_logprobs` without this) runs every row's prompt through the model again, ``n`` times per
+group. Here each distinct prompt runs once (``use_cache=True``), its key/value cache is repeated for the group's rows
+(``Cache.batch_select_indices``), and only the response tokens run on top of it, at their true positions. Attention
+still sees the whole prompt, and the gradient flows through the shared cache into the prompt's computation, so the
+log-probs and the gradients are those of the plain forward up to float rounding (the idea of Prefix Grouper,
+arXiv:2506.05433, done with the model's own cache instead of a custom attention).
+
+What it saves is the prompt's share of the work: ``(n - 1) / n`` of the prompt tokens' forward and backward. On the CPU
+miniature (23 prompt tokens, 17 response tokens, ``n = 8``) a micro-batch of 32 rows trains in ~0.6x the time. Long
+reasoning responses behind short prompts gain little; long prompts (retrieval, multi-turn, few-shot) gain most.
+
+:func:`shared_prompt_logprobs` needs a Hugging Face causal LM whose forward takes ``past_key_values``,
+``position_ids`` and ``use_cache`` and returns a cache with ``batch_select_indices`` (every decoder-only model of
+``transformers`` does; gradient checkpointing turns the cache off). :class:`GRPOModule` checks it once, on its first
+batch that shares prompts, against the plain forward, and falls back to the plain forward with one warning when the
+two disagree or the model cannot do it (``shared_prompt_forward``).
+
+Example::
+
+    logp = shared_prompt_logprobs(model, batch)  # [B, T - 1], as GRPOModule.token_logprobs
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from lightning_hybrid_rollout.lightning.data import RolloutBatch
+
+__all__ = ["PromptBucket", "prompt_buckets", "shared_prompt_logprobs", "shares_prompts"]
+
+
+@dataclass
+class PromptBucket:
+    """The rows of a batch whose prompts have one length ``prompt_len``.
+
+    Args:
+        prompt_len: The prompt's tokens (the first response token's column).
+        prompts: ``[U, prompt_len]`` the distinct prompts of this length.
+        rows: ``[N]`` the batch rows of this length.
+        prompt_of_row: ``[N]`` for each of ``rows``, its prompt's index in ``prompts``.
+        response_len: The longest response among ``rows``.
+    """
+
+    prompt_len: int
+    prompts: Tensor
+    rows: Tensor
+    prompt_of_row: Tensor
+    response_len: int
+
+
+def prompt_buckets(batch: RolloutBatch) -> list[PromptBucket]:
+    """Group ``batch``'s rows by their prompt tokens, bucketed by prompt length (rows without a response are left out).
+
+    Rows share a prompt when their prompt tokens are equal (``group_ids`` are not trusted for it: two groups may
+    ask the same prompt, and a hand-built batch may number them differently).
+    """
+    mask = batch.response_mask > 0
+    has_response = mask.any(dim=1)
+    starts = mask.int().argmax(dim=1)  # first response column (0 for a row without one: left out below)
+    lengths = batch.attention_mask.sum(dim=1)
+    ids = batch.input_ids.cpu()
+    by_len: dict[int, tuple[dict[bytes, int], list[Tensor], list[int], list[int], int]] = {}
+    for row in range(len(batch)):
+        if not bool(has_response[row]):
+            continue
+        p = int(starts[row])
+        if p < 1:
+            continue  # no prompt token to condition on: nothing to share (cannot happen with a real sample)
+        seen, prompts, rows, which, rmax = by_len.setdefault(p, ({}, [], [], [], 0))
+        key = ids[row, :p].numpy().tobytes()
+        if key not in seen:
+            seen[key] = len(prompts)
+            prompts.append(batch.input_ids[row, :p])
+        rows.append(row)
+        which.append(seen[key])
+        by_len[p] = (seen, prompts, rows, which, max(rmax, int(lengths[row]) - p))
+    device = batch.input_ids.device
+    return [
+        PromptBucket(
+            prompt_len=p,
+            prompts=torch.stack(prompts),
+            rows=torch.tensor(rows, device=device),
+            prompt_of_row=torch.tensor(which, device=device),
+            response_len=rmax,
+        )
+        for p, (_, prompts, rows, which, rmax) in sorted(by_len.items())
+    ]
+
+
+def shares_prompts(buckets: list[PromptBucket]) -> bool:
+    """Whether any prompt is shared by two rows or more (else the plain forward is as cheap)."""
+    return any(len(b.prompts) < len(b.rows) for b in buckets)
+
+
+def shared_prompt_logprobs(
+    model: nn.Module, batch: RolloutBatch, temperature: float = 1.0, buckets: list[PromptBucket] | None = None
+) -> Tensor:
+    """Log-probs of ``input_ids[:, 1:]`` at the response positions, each distinct prompt run once.
+
+    Args:
+        model: A Hugging Face causal LM (see the module docstring).
+        batch: The (micro-)batch, on the model's device.
+        temperature: Logits are divided by it.
+        buckets: :func:`prompt_buckets` of ``batch`` when the caller has them.
+
+    Returns:
+        ``[B, T - 1]`` float32: ``logp[:, t]`` = log p(input_ids[t + 1] | input_ids[: t + 1]) where ``t + 1`` is a
+        response column up to the row's bucket's longest response; 0 at the prompt's columns (as
+        :meth:`GRPOModule.token_logprobs`, whose callers weigh only response tokens).
+
+    Raises:
+        RuntimeError: The model returned no cache (gradient checkpointing, or ``use_cache`` unsupported).
+    """
+    from transformers import DynamicCache
+
+    width = batch.input_ids.shape[1]
+    out = torch.zeros(len(batch), width - 1, device=batch.input_ids.device)
+    for b in buckets if buckets is not None else prompt_buckets(batch):
+        p, r = b.prompt_len, b.response_len
+        first = model(
+            input_ids=b.prompts,
+            past_key_values=DynamicCache(config=getattr(model, "config", None)),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache = first.past_key_values
+        if cache is None:
+            raise RuntimeError(f"{type(model).__name__} returned no cache (gradient checkpointing turns it off)")
+        logits = first.logits[:, -1:][b.prompt_of_row]  # [N, 1, V]: predicts each row's first response token
+        if r > 1:
+            cache.batch_select_indices(b.prompt_of_row)
+            cols = slice(p, p + r - 1)  # every response token but the last: each predicts the next
+            rest = model(
+                input_ids=batch.input_ids[b.rows, cols],
+                attention_mask=batch.attention_mask[b.rows, : p + r - 1],
+                position_ids=torch.arange(p, p + r - 1, device=out.device).expand(len(b.rows), -1),
+                past_key_values=cache,
+                use_cache=True,
+            )
+            logits = torch.cat([logits, rest.logits], dim=1)  # [N, r, V]
+        logits = logits.float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        targets = batch.input_ids[b.rows, p : p + r].unsqueeze(-1)
+        logp = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # [N, r]
+        out = out.index_copy(0, b.rows, torch.nn.functional.pad(logp, (p - 1, width - 1 - (p - 1) - r)))
+    return out

@@ -1,0 +1,134 @@
+"""The shared-prompt forward (``lightning/shared_prompt.py``): each distinct prompt runs once, and the log-probs and
+gradients are the plain forward's; a model that cannot continue a prompt's cache falls back with one warning."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from lightning_hybrid_rollout.lightning.data import collate_samples
+from lightning_hybrid_rollout.lightning.module import GRPOModule
+from lightning_hybrid_rollout.lightning.shared_prompt import prompt_buckets, shared_prompt_logprobs, shares_prompts
+from tests.lightning.test_module import synthetic_samples, tiny_llama
+
+
+def _batch(groups: int = 3, group_size: int = 4):
+    # prompts of 3, 4, 5 tokens (one length bucket per group), responses of 1-4 tokens: right padding everywhere
+    return collate_samples(synthetic_samples(7, groups=groups, group_size=group_size))
+
+
+def _grads(module: GRPOModule, loss: torch.Tensor) -> list[torch.Tensor]:
+    module.zero_grad()
+    loss.backward()
+    return [p.grad.clone() for p in module.parameters()]
+
+
+def test_prompt_buckets_group_rows_by_their_prompt_tokens_not_by_group_id() -> None:
+    samples = synthetic_samples(7, groups=3, group_size=4)
+    samples[1].group_id = "another-id-same-prompt"  # same tokens: shared all the same
+    batch = collate_samples(samples)
+    buckets = prompt_buckets(batch)
+    assert [b.prompt_len for b in buckets] == [3, 4, 5]
+    assert [len(b.prompts) for b in buckets] == [1, 1, 1]
+    assert [b.rows.tolist() for b in buckets] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert shares_prompts(buckets)
+    lone = collate_samples(synthetic_samples(7, groups=3, group_size=1))  # one row per prompt: nothing to share
+    assert not shares_prompts(prompt_buckets(lone))
+
+
+def test_shared_prompt_logprobs_and_gradients_equal_the_plain_forward() -> None:
+    module = GRPOModule(model=tiny_llama(), shared_prompt_forward=False)
+    batch = _batch()
+    mask = batch.response_mask[:, 1:]
+    plain = module.token_logprobs(batch)
+    shared = shared_prompt_logprobs(module.policy_model, batch)
+    torch.testing.assert_close(shared[mask > 0], plain[mask > 0], atol=1e-5, rtol=1e-5)
+    first = batch.response_mask.argmax(dim=1) - 1  # the column that predicts each row's first response token
+    assert all(torch.all(shared[i, : int(first[i])] == 0) for i in range(len(batch)))  # prompt columns: 0
+    g_plain = _grads(module, (plain * mask).sum())
+    g_shared = _grads(module, (shared_prompt_logprobs(module.policy_model, batch) * mask).sum())
+    for a, b in zip(g_plain, g_shared):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+    # a temperature divides the logits the same way
+    module.hparams.temperature = 0.7
+    torch.testing.assert_close(
+        shared_prompt_logprobs(module.policy_model, batch, temperature=0.7)[mask > 0],
+        module.token_logprobs(batch)[mask > 0],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_grpo_module_runs_each_shared_prompt_once() -> None:
+    """With the default ``shared_prompt_forward`` the model sees each group's prompt once, not once per row."""
+    module = GRPOModule(model=tiny_llama())
+    batch = _batch(groups=3, group_size=4)
+    model = module.policy_model
+    forward = model.forward
+    seen: list[tuple[int, int]] = []
+
+    def spy(*args, **kwargs):
+        ids = kwargs["input_ids"]
+        seen.append(tuple(ids.shape))
+        return forward(*args, **kwargs)
+
+    module.token_logprobs(batch)  # the first batch: the check against the plain forward
+    assert module._shared_prompt_ok is True
+    model.forward = spy
+    try:
+        logp = module.token_logprobs(batch)
+    finally:
+        del model.forward
+    prompt_calls = [s for s in seen if s[0] == 1]
+    assert sorted(prompt_calls) == [(1, 3), (1, 4), (1, 5)]  # one row per distinct prompt
+    assert all(rows == 4 for rows, _ in seen if rows != 1)  # the responses: the group's 4 rows
+    plain = GRPOModule(model=model, shared_prompt_forward=False).token_logprobs(batch)
+    mask = batch.response_mask[:, 1:] > 0
+    torch.testing.assert_close(logp[mask], plain[mask], atol=1e-5, rtol=1e-5)
+
+
+class _NoCache(torch.nn.Module):
+    """A causal LM whose forward takes no cache (as a model under gradient checkpointing returns none)."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids, attention_mask=None, use_cache=False, **kwargs):
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+
+
+class _WrongPositions(torch.nn.Module):
+    """Continues the cache but drops ``position_ids``: the responses sit at the wrong rotary positions."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.config = inner.config
+
+    def forward(self, position_ids=None, **kwargs):
+        if position_ids is not None:
+            kwargs["position_ids"] = torch.zeros_like(position_ids)
+        return self.inner(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("wrap", "says"), [(_NoCache, "cannot continue a prompt's cache"), (_WrongPositions, "differ from the plain")]
+)
+def test_a_model_that_cannot_share_falls_back_to_the_plain_forward_with_one_warning(wrap, says) -> None:
+    inner = tiny_llama()
+    module = GRPOModule(model=wrap(inner))
+    batch = _batch()
+    plain = GRPOModule(model=inner, shared_prompt_forward=False).token_logprobs(batch)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = module.token_logprobs(batch)
+        second = module.token_logprobs(batch)
+    messages = [str(w.message) for w in caught if "shared_prompt_forward" in str(w.message)]
+    assert len(messages) == 1 and says in messages[0], messages
+    assert module._shared_prompt_ok is False
+    mask = batch.response_mask[:, 1:] > 0
+    torch.testing.assert_close(first[mask], plain[mask])
+    torch.testing.assert_close(second[mask], plain[mask])
