@@ -17,6 +17,8 @@ Usage::
 
     python benchmarks/shared_prompt.py                     # the miniature's step: 32 groups of 8, 23 + 17 tokens
     python benchmarks/shared_prompt.py --model ~/models/SmolLM2-135M-Instruct --groups 2 --prompt-tokens 128
+    python benchmarks/shared_prompt.py --model DIR --device cuda --autocast-bf16 --groups 4 --prompt-tokens 512 \
+        --response-tokens 256 --micro-batch-size 8 --core -1      # a GPU's step, mixed precision
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ def make_batch(groups: int, n: int, prompt_tokens: int, response_tokens: int, vo
 
 def step(module: GRPOModule, optimizer: torch.optim.Optimizer, batch: RolloutBatch, micro: int) -> float:
     """One optimizer step as ``GRPOModule._manual_update`` takes it; returns its seconds."""
+    if batch.input_ids.is_cuda:
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
     token_count = module.loss_mask(batch).sum()
     optimizer.zero_grad()
@@ -68,6 +72,8 @@ def step(module: GRPOModule, optimizer: torch.optim.Optimizer, batch: RolloutBat
         loss.backward()
     torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
     optimizer.step()
+    if batch.input_ids.is_cuda:
+        torch.cuda.synchronize()
     return time.perf_counter() - t0
 
 
@@ -82,6 +88,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20, help="counted steps per mode")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--core", type=int, default=0, help="the core to pin to (-1: no pinning)")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda (then a GPU's step: the timings synchronize)")
+    p.add_argument(
+        "--autocast-bf16", action="store_true", help="run the step under torch.autocast(bfloat16) (mixed precision)"
+    )
     args = p.parse_args()
     if args.core >= 0 and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {args.core})
@@ -102,6 +112,7 @@ def main() -> None:
                 shared_prompt_forward=mode == "shared",
             )
             module.configure_model()
+            module.to(args.device)
             if modules:  # the same weights in both modes
                 module.policy_model.load_state_dict(next(iter(modules.values()))[0].policy_model.state_dict())
             modules[mode] = (module, torch.optim.AdamW(module.parameters(), lr=1e-6))

@@ -11,6 +11,7 @@ import torch
 from lightning_hybrid_rollout.lightning.data import collate_samples
 from lightning_hybrid_rollout.lightning.module import GRPOModule
 from lightning_hybrid_rollout.lightning.shared_prompt import prompt_buckets, shared_prompt_logprobs, shares_prompts
+from lightning_hybrid_rollout.rollout.sample import Sample
 from tests.lightning.test_module import synthetic_samples, tiny_llama
 
 
@@ -146,8 +147,6 @@ def test_shared_prompt_forward_equals_the_plain_one_on_smollm2(smollm2_dir) -> N
     """
     from transformers import AutoTokenizer
 
-    from lightning_hybrid_rollout.rollout.sample import Sample
-
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     g = torch.Generator().manual_seed(0)
     samples = []
@@ -183,3 +182,66 @@ def test_shared_prompt_forward_equals_the_plain_one_on_smollm2(smollm2_dir) -> N
     g_shared = _grads(module, (module.token_logprobs(batch) * mask).sum())
     worst = max(float((b - a).norm() / a.norm().clamp_min(1e-30)) for a, b in zip(g_plain, g_shared))
     assert worst < 1e-5, worst
+
+
+def _smollm2_shaped_llama(layers: int = 30):
+    """A random Llama of SmolLM2-135M's shape (hidden 576, 9 heads over 3 KV heads, tied embeddings)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=layers,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=2048,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+        pad_token_id=2,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def _long_batch(groups: int, n: int, prompt_tokens: int, response_tokens: int):
+    g = torch.Generator().manual_seed(3)
+    samples = []
+    for k in range(groups):
+        prompt = torch.randint(3, 49152, (prompt_tokens + 7 * k,), generator=g).tolist()
+        for i in range(n):
+            r = response_tokens - 5 * i
+            samples.append(
+                Sample(
+                    uid=f"{k}-{i}",
+                    group_id=str(k),
+                    prompt="",
+                    prompt_token_ids=prompt,
+                    response_token_ids=torch.randint(3, 49152, (r,), generator=g).tolist(),
+                    response_logprobs=[-5.0] * r,
+                    reward=float(i % 2),
+                )
+            )
+    return collate_samples(samples, pad_token_id=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_shared_prompt_forward_on_cuda_keeps_the_shared_path_and_the_plain_values(autocast: bool) -> None:
+    """On a GPU (SDPA's CUDA kernels, a SmolLM2-shaped model, prompts of 200+ tokens): the check keeps the shared path,
+    in float32 and under bf16 autocast (Lightning's ``precision="bf16-mixed"``), and the values are the plain ones."""
+    module = GRPOModule(model=_smollm2_shaped_llama().cuda())
+    plain = GRPOModule(model=module.policy_model, shared_prompt_forward=False)
+    batch = _long_batch(groups=3, n=4, prompt_tokens=200, response_tokens=60).to("cuda")
+    mask = batch.response_mask[:, 1:]
+    with torch.autocast("cuda", torch.bfloat16, enabled=autocast):
+        got = module.token_logprobs(batch)
+        expected = plain.token_logprobs(batch)
+        assert module._shared_prompt_ok is True
+        diff = float((got - expected).abs()[mask > 0].max())
+        assert diff < (5e-2 if autocast else 1e-3), diff
+        g_plain = _grads(module, (plain.token_logprobs(batch) * mask).sum())
+        g_shared = _grads(module, (module.token_logprobs(batch) * mask).sum())
+    worst = max(float((b - a).norm() / a.norm().clamp_min(1e-30)) for a, b in zip(g_plain, g_shared))
+    assert worst < (5e-2 if autocast else 1e-3), worst
