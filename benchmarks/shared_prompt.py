@@ -118,10 +118,13 @@ def main() -> None:
             modules[mode] = (module, torch.optim.AdamW(module.parameters(), lr=1e-6))
         vocab = int(modules["plain"][0].policy_model.config.vocab_size)
         batch = make_batch(args.groups, args.n, args.prompt_tokens, args.response_tokens, vocab, seed=0)
+        batch = batch.to(args.device)
+        autocast = torch.autocast(batch.input_ids.device.type, torch.bfloat16, enabled=args.autocast_bf16)
         times: dict[str, list[float]] = {mode: [] for mode in modules}
         for i in range(args.warmup + args.steps):
             for mode in ("plain", "shared") if i % 2 == 0 else ("shared", "plain"):
-                seconds = step(*modules[mode], batch, args.micro_batch_size)
+                with autocast:
+                    seconds = step(*modules[mode], batch, args.micro_batch_size)
                 if i >= args.warmup:
                     times[mode].append(seconds)
     rows = len(batch)
