@@ -127,6 +127,9 @@ def main() -> None:
                     seconds = step(*modules[mode], batch, args.micro_batch_size)
                 if i >= args.warmup:
                     times[mode].append(seconds)
+        auto = GRPOModule(model=modules["plain"][0].policy_model)  # shared_prompt_forward=None: the default
+        with autocast:
+            auto.token_logprobs(batch.split(args.micro_batch_size)[0])
     rows = len(batch)
     print(
         f"step of {rows} rows ({args.groups} prompts x {args.n}, {args.prompt_tokens} prompt + up to "
@@ -135,6 +138,9 @@ def main() -> None:
     med = {mode: statistics.median(ts) for mode, ts in times.items()}
     for mode, ts in times.items():
         print(f"  {mode:6} median {med[mode] * 1e3:7.1f} ms  (min {min(ts) * 1e3:.1f}, max {max(ts) * 1e3:.1f})")
+    print(
+        f"the default (shared_prompt_forward=None) keeps the {'shared' if auto._shared_prompt_ok else 'plain'} forward"
+    )
     print(f"shared / plain step time: {med['shared'] / med['plain']:.2f}")
 
 

@@ -3,6 +3,8 @@ gradients are the plain forward's; a model that cannot continue a prompt's cache
 
 from __future__ import annotations
 
+import logging
+import time
 import warnings
 
 import pytest
@@ -63,8 +65,8 @@ def test_shared_prompt_logprobs_and_gradients_equal_the_plain_forward() -> None:
 
 
 def test_grpo_module_runs_each_shared_prompt_once() -> None:
-    """With the default ``shared_prompt_forward`` the model sees each group's prompt once, not once per row."""
-    module = GRPOModule(model=tiny_llama())
+    """With ``shared_prompt_forward`` on the model sees each group's prompt once, not once per row."""
+    module = GRPOModule(model=tiny_llama(), shared_prompt_forward=True)
     batch = _batch(groups=3, group_size=4)
     model = module.policy_model
     forward = model.forward
@@ -88,6 +90,35 @@ def test_grpo_module_runs_each_shared_prompt_once() -> None:
     plain = GRPOModule(model=model, shared_prompt_forward=False).token_logprobs(batch)
     mask = batch.response_mask[:, 1:] > 0
     torch.testing.assert_close(logp[mask], plain[mask], atol=1e-5, rtol=1e-5)
+
+
+class _SlowWhen(torch.nn.Module):
+    """Sleeps 30 ms in each call that continues a cache (``slow="shared"``) or in each plain call (``"plain"``)."""
+
+    def __init__(self, inner: torch.nn.Module, slow: str) -> None:
+        super().__init__()
+        self.inner, self.slow = inner, slow
+        self.config = inner.config
+
+    def forward(self, use_cache=False, **kwargs):
+        if use_cache == (self.slow == "shared"):
+            time.sleep(0.03)
+        return self.inner(use_cache=use_cache, **kwargs)
+
+
+@pytest.mark.parametrize(("slow", "kept"), [("shared", False), ("plain", True)])
+def test_by_default_the_faster_forward_is_kept_on_the_first_batch(slow: str, kept: bool, caplog) -> None:
+    """``shared_prompt_forward=None`` times both forwards on the first batch that shares prompts and keeps the
+    faster (a small model on a GPU is bound by kernel launches: two calls per micro-batch can lose there)."""
+    module = GRPOModule(model=_SlowWhen(tiny_llama(), slow))
+    batch = _batch()
+    with caplog.at_level(logging.INFO):
+        module.token_logprobs(batch)
+    assert module._shared_prompt_ok is kept
+    assert f"shared-prompt forward {'on' if kept else 'off'}" in caplog.text
+    forced = GRPOModule(model=_SlowWhen(tiny_llama(), "shared"), shared_prompt_forward=True)
+    forced.token_logprobs(batch)
+    assert forced._shared_prompt_ok is True  # True: on whenever it agrees, however slow
 
 
 class _NoCache(torch.nn.Module):
@@ -169,7 +200,7 @@ def test_shared_prompt_forward_equals_the_plain_one_on_smollm2(smollm2_dir) -> N
                 )
             )
     batch = collate_samples(samples, pad_token_id=int(tok.pad_token_id or 0))
-    module = GRPOModule(model_path=str(smollm2_dir))
+    module = GRPOModule(model_path=str(smollm2_dir), shared_prompt_forward=True)
     module.configure_model()
     module.policy_model.to(torch.float64)
     mask = batch.response_mask[:, 1:]
@@ -231,7 +262,7 @@ def _long_batch(groups: int, n: int, prompt_tokens: int, response_tokens: int):
 def test_shared_prompt_forward_on_cuda_keeps_the_shared_path_and_the_plain_values(autocast: bool) -> None:
     """On a GPU (SDPA's CUDA kernels, a SmolLM2-shaped model, prompts of 200+ tokens): the check keeps the shared path,
     in float32 and under bf16 autocast (Lightning's ``precision="bf16-mixed"``), and the values are the plain ones."""
-    module = GRPOModule(model=_smollm2_shaped_llama().cuda())
+    module = GRPOModule(model=_smollm2_shaped_llama().cuda(), shared_prompt_forward=True)
     plain = GRPOModule(model=module.policy_model, shared_prompt_forward=False)
     batch = _long_batch(groups=3, n=4, prompt_tokens=200, response_tokens=60).to("cuda")
     mask = batch.response_mask[:, 1:]
