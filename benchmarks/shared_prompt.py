@@ -128,8 +128,7 @@ def main() -> None:
                 if i >= args.warmup:
                     times[mode].append(seconds)
         auto = GRPOModule(model=modules["plain"][0].policy_model)  # shared_prompt_forward=None: the default
-        with autocast:
-            auto.token_logprobs(batch.split(args.micro_batch_size)[0])
+        default_on = auto._shared_prompt_wanted(batch)
     rows = len(batch)
     print(
         f"step of {rows} rows ({args.groups} prompts x {args.n}, {args.prompt_tokens} prompt + up to "
@@ -138,9 +137,8 @@ def main() -> None:
     med = {mode: statistics.median(ts) for mode, ts in times.items()}
     for mode, ts in times.items():
         print(f"  {mode:6} median {med[mode] * 1e3:7.1f} ms  (min {min(ts) * 1e3:.1f}, max {max(ts) * 1e3:.1f})")
-    print(
-        f"the default (shared_prompt_forward=None) keeps the {'shared' if auto._shared_prompt_ok else 'plain'} forward"
-    )
+    default = "shared" if default_on else "plain"
+    print(f"the default (shared_prompt_forward=None) on {batch.input_ids.device.type}: the {default} forward")
     print(f"shared / plain step time: {med['shared'] / med['plain']:.2f}")
 
 
