@@ -14,8 +14,9 @@ The workload is rollout-bound the way real LLM RL is (DESIGN §7): every respons
 task on 16-character strings: 17 tokens per response, up to 24 allowed), 8 samples per prompt, 256 samples per
 optimizer step, DAPO's loss-level group filter (``filter_groups=True``), and a small model (hidden 64, 2 layers), so
 that generating a step's samples on one core takes two to three times as long as training on them (G / W 2.0-2.3 on
-a quiet host in 2026-12, 3.1 when issue #14 was filed on a busier one). The static run's trainer-wait share shows it
-(51-59% on a quiet host, 65-68% on a busy one). Dynamic runs use ``dynamic_schedule_enable_rebalance=False`` by default:
+a quiet host in 2026-12, 2.5-3.3 since the trainer runs each group's prompt once (``shared_prompt_forward``, stop 32),
+3.1 when issue #14 was filed on a busier one). The static run's trainer-wait share shows it (51-59% on a quiet host
+before stop 32, 63-67% after, 65-68% on a busy one). Dynamic runs use ``dynamic_schedule_enable_rebalance=False`` by default:
 on this machine the rebalance (abort and re-route every in-flight request after each activation) costs 0.2-0.4 s
 per activation and buys nothing, because the in-flight cap doubles on activation and the new requests already go
 to the empty hybrid replica (``--rebalance`` turns it back on; docs/cpu_miniature.md has both measured).
