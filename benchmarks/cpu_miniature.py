@@ -16,8 +16,8 @@ optimizer step, DAPO's loss-level group filter (``filter_groups=True``), and a s
 that generating a step's samples on one core takes two to three times as long as training on them (G / W 2.0-2.3 on
 a quiet host in 2026-12, 2.5-3.3 since the trainer runs each group's prompt once (``shared_prompt_forward``, stop 32),
 3.1 when issue #14 was filed on a busier one). The static run's trainer-wait share shows it (51-59% on a quiet host
-before stop 32, 63-67% after, 65-68% on a busy one). Dynamic runs use ``dynamic_schedule_enable_rebalance=False`` by default:
-on this machine the rebalance (abort and re-route every in-flight request after each activation) costs 0.2-0.4 s
+before stop 32, 63-67% after, 65-68% on a busy one). Dynamic runs use ``dynamic_schedule_enable_rebalance=False``
+by default: on this machine the rebalance (abort and re-route every in-flight request after each activation) costs 0.2-0.4 s
 per activation and buys nothing, because the in-flight cap doubles on activation and the new requests already go
 to the empty hybrid replica (``--rebalance`` turns it back on; docs/cpu_miniature.md has both measured).
 
