@@ -17,9 +17,9 @@ that generating a step's samples on one core takes two to three times as long as
 a quiet host in 2026-12, 2.5-3.3 since the trainer runs each group's prompt once (``shared_prompt_forward``, stop 32),
 3.1 when issue #14 was filed on a busier one). The static run's trainer-wait share shows it (51-59% on a quiet host
 before stop 32, 63-67% after, 65-68% on a busy one). Dynamic runs use ``dynamic_schedule_enable_rebalance=False``
-by default: on this machine the rebalance (abort and re-route every in-flight request after each activation) costs 0.2-0.4 s
-per activation and buys nothing, because the in-flight cap doubles on activation and the new requests already go
-to the empty hybrid replica (``--rebalance`` turns it back on; docs/cpu_miniature.md has both measured).
+by default: on this machine the rebalance (abort and re-route every in-flight request after each activation) costs
+0.2-0.4 s per activation and buys nothing, because the in-flight cap doubles on activation and the new requests
+already go to the empty hybrid replica (``--rebalance`` turns it back on; docs/cpu_miniature.md has both measured).
 
 Per run it prints the training wall time (``on_train_start`` -> ``on_train_end``, measured by a recorder callback
 placed before the hybrid callback: start-up of Ray, the engines and the model is excluded; the initial activation
