@@ -26,9 +26,11 @@ from typing_extensions import override
 from lightning_hybrid_rollout.lightning.data import RolloutBatch, next_rollout_batch
 from lightning_hybrid_rollout.lightning.shared_prompt import (
     PromptBucket,
+    check_shared_prompt,
     prompt_buckets,
     shared_prompt_logprobs,
     shares_prompts,
+    target_logprobs,
 )
 
 _MAX_LOG_RATIO = 20.0
@@ -333,11 +335,7 @@ class GRPOModule(LightningModule):
         scored = batch.response_mask[:, 1:].sum(dim=0).nonzero()
         first = int(scored[0]) if len(scored) else width - 1
         logits = self(batch.input_ids, batch.attention_mask, logits_to_keep=width - first)[:, -(width - first) : -1]
-        logits = logits.float()
-        if self.hparams.temperature != 1.0:
-            logits = logits / self.hparams.temperature
-        targets = batch.input_ids[:, first + 1 :].unsqueeze(-1)
-        logp = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        logp = target_logprobs(logits, batch.input_ids[:, first + 1 :], self.hparams.temperature)
         return torch.nn.functional.pad(logp, (first, 0))
 
     def _shared_prompt_wanted(self, batch: RolloutBatch) -> bool:
@@ -352,32 +350,14 @@ class GRPOModule(LightningModule):
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             rank_zero_info("GRPOModule: shared_prompt_forward is off under several ranks (plain forward)")
             return False
-        model = self.policy_model
-        try:
-            with torch.no_grad():
-                shared = shared_prompt_logprobs(model, batch, self.hparams.temperature, buckets)
-                plain = self._full_token_logprobs(batch)
-        except Exception as err:  # a model without a usable cache: the plain forward serves
+        with torch.no_grad():
+            plain = self._full_token_logprobs(batch)
+        why = check_shared_prompt(self.policy_model, batch, buckets, plain, self.hparams.temperature)
+        if why is not None:
             rank_zero_warn(
-                f"GRPOModule: shared_prompt_forward is off: {type(model).__name__} cannot continue a "
-                f"prompt's cache ({type(err).__name__}: {err}); set shared_prompt_forward=False to skip this check"
+                f"GRPOModule: shared_prompt_forward is off: {why} (set shared_prompt_forward=False to skip this check)"
             )
-            return False
-        mask = batch.response_mask[:, 1:] > 0
-        diff = float((shared - plain).abs()[mask].max()) if bool(mask.any()) else 0.0
-        dtype = next(model.parameters()).dtype
-        low_precision = dtype in (torch.float16, torch.bfloat16) or torch.is_autocast_enabled(
-            batch.input_ids.device.type
-        )
-        tolerance = 5e-2 if low_precision else 1e-3
-        if not diff <= tolerance:
-            rank_zero_warn(
-                f"GRPOModule: shared_prompt_forward is off: on the first batch its log-probs differ "
-                f"from the plain forward's by up to {diff:.3g} (tolerance {tolerance:g}); {type(model).__name__} "
-                "does not continue a prompt's cache exactly (set shared_prompt_forward=False to skip this check)"
-            )
-            return False
-        return True
+        return why is None
 
     def loss_mask(self, batch: RolloutBatch) -> Tensor:
         """``[B, T - 1]`` weights of the tokens the loss trains (response tokens; filtered groups and, with

@@ -25,14 +25,21 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
 from lightning_hybrid_rollout.lightning.data import RolloutBatch
 
-__all__ = ["PromptBucket", "prompt_buckets", "shared_prompt_logprobs", "shares_prompts"]
+__all__ = [
+    "PromptBucket",
+    "check_shared_prompt",
+    "prompt_buckets",
+    "shared_prompt_logprobs",
+    "shares_prompts",
+    "target_logprobs",
+]
 
 
 @dataclass
@@ -60,37 +67,78 @@ def prompt_buckets(batch: RolloutBatch) -> list[PromptBucket]:
     Rows share a prompt when their prompt tokens are equal (``group_ids`` are not trusted for it: two groups may
     ask the same prompt, and a hand-built batch may number them differently).
     """
-    mask = batch.response_mask > 0
-    has_response = mask.any(dim=1)
-    starts = mask.int().argmax(dim=1)  # first response column (0 for a row without one: left out below)
-    lengths = batch.attention_mask.sum(dim=1)
+    starts = (batch.response_mask > 0).int().argmax(dim=1).tolist()  # first response column (0: none)
+    lengths = batch.attention_mask.sum(dim=1).tolist()
     ids = batch.input_ids.cpu()
-    by_len: dict[int, tuple[dict[bytes, int], list[Tensor], list[int], list[int], int]] = {}
-    for row in range(len(batch)):
-        if not bool(has_response[row]):
-            continue
-        p = int(starts[row])
+    by_len: dict[int, _Group] = {}
+    for row, (p, length) in enumerate(zip(starts, lengths)):
         if p < 1:
-            continue  # no prompt token to condition on: nothing to share (cannot happen with a real sample)
-        seen, prompts, rows, which, rmax = by_len.setdefault(p, ({}, [], [], [], 0))
+            continue  # no response, or no prompt token to condition on: nothing to share
+        group = by_len.setdefault(p, _Group())
         key = ids[row, :p].numpy().tobytes()
-        if key not in seen:
-            seen[key] = len(prompts)
-            prompts.append(batch.input_ids[row, :p])
-        rows.append(row)
-        which.append(seen[key])
-        by_len[p] = (seen, prompts, rows, which, max(rmax, int(lengths[row]) - p))
+        if key not in group.seen:
+            group.seen[key] = len(group.prompts)
+            group.prompts.append(batch.input_ids[row, :p])
+        group.rows.append(row)
+        group.which.append(group.seen[key])
+        group.response_len = max(group.response_len, int(length) - p)
     device = batch.input_ids.device
     return [
         PromptBucket(
             prompt_len=p,
-            prompts=torch.stack(prompts),
-            rows=torch.tensor(rows, device=device),
-            prompt_of_row=torch.tensor(which, device=device),
-            response_len=rmax,
+            prompts=torch.stack(g.prompts),
+            rows=torch.tensor(g.rows, device=device),
+            prompt_of_row=torch.tensor(g.which, device=device),
+            response_len=g.response_len,
         )
-        for p, (_, prompts, rows, which, rmax) in sorted(by_len.items())
+        for p, g in sorted(by_len.items())
     ]
+
+
+@dataclass
+class _Group:
+    """:func:`prompt_buckets`' rows of one prompt length while it reads the batch."""
+
+    seen: dict[bytes, int] = field(default_factory=dict)
+    prompts: list[Tensor] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
+    which: list[int] = field(default_factory=list)
+    response_len: int = 0
+
+
+def target_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
+    """``log softmax(logits / temperature)`` at ``targets`` (``[..., V]`` and ``[...]``), in float32."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def check_shared_prompt(
+    model: nn.Module, batch: RolloutBatch, buckets: list[PromptBucket], plain: Tensor, temperature: float = 1.0
+) -> str | None:
+    """Why :func:`shared_prompt_logprobs` may not serve ``model``, or None: it gives ``plain`` (the plain forward's
+    log-probs of ``batch``) within 1e-3 (5e-2 in half precision or under autocast) at the response tokens.
+
+    Runs without gradients. The reason is one sentence naming the model and what went wrong.
+    """
+    name = type(model).__name__
+    try:
+        with torch.no_grad():
+            shared = shared_prompt_logprobs(model, batch, temperature, buckets)
+    except Exception as err:  # a model without a usable cache: the plain forward serves
+        return f"{name} cannot continue a prompt's cache ({type(err).__name__}: {err})"
+    mask = batch.response_mask[:, 1:] > 0
+    diff = float((shared - plain).abs()[mask].max()) if bool(mask.any()) else 0.0
+    dtype = next(model.parameters()).dtype
+    low_precision = dtype in (torch.float16, torch.bfloat16) or torch.is_autocast_enabled(batch.input_ids.device.type)
+    tolerance = 5e-2 if low_precision else 1e-3
+    if not diff <= tolerance:
+        return (
+            f"on the first batch its log-probs differ from the plain forward's by up to {diff:.3g} (tolerance "
+            f"{tolerance:g}); {name} does not continue a prompt's cache exactly"
+        )
+    return None
 
 
 def shares_prompts(buckets: list[PromptBucket]) -> bool:
@@ -144,10 +192,6 @@ def shared_prompt_logprobs(
                 use_cache=True,
             )
             logits = torch.cat([logits, rest.logits], dim=1)  # [N, r, V]
-        logits = logits.float()
-        if temperature != 1.0:
-            logits = logits / temperature
-        targets = batch.input_ids[b.rows, p : p + r].unsqueeze(-1)
-        logp = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # [N, r]
+        logp = target_logprobs(logits, batch.input_ids[b.rows, p : p + r], temperature)  # [N, r]
         out = out.index_copy(0, b.rows, torch.nn.functional.pad(logp, (p - 1, width - 1 - (p - 1) - r)))
     return out
