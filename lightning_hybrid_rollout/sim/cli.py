@@ -38,12 +38,14 @@ Example::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from lightning_hybrid_rollout.sim.calibration import Calibration
 from lightning_hybrid_rollout.sim.presets import get_preset, preset_names
 from lightning_hybrid_rollout.sim.runner import (
     BREAKDOWN_HELP,
@@ -434,22 +436,25 @@ def _plan_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _plan_scenario(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Scenario:
+def _plan_scenario(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Scenario | Calibration:
+    """The plan's workload: a pilot run's :class:`Calibration` (``--from-run``: each candidate gets the pilot's
+    standalone rate converted for it), or a scenario (``--scenario``, ``--preset``); ``--steps`` applied."""
     from lightning_hybrid_rollout.sim.calibrate import CalibrationError, calibrate_run
 
     out = sys.stderr if args.json else sys.stdout
     try:
         if args.from_run:
-            sc = calibrate_run(args.from_run).scenario
+            fit = calibrate_run(args.from_run)
+            if args.steps is not None:
+                steps = Scenario.from_dict({**fit.scenario.to_dict(), "steps": args.steps})
+                fit = dataclasses.replace(fit, scenario=steps)
             print(
                 f"workload fitted to {args.from_run} (`lhr simulate --from-run {args.from_run} --fit-only` prints "
                 "every number with its spread and source)",
                 file=out,
             )
-        elif args.preset:
-            sc = get_preset(args.preset)
-        else:
-            sc = Scenario.from_yaml(args.scenario)
+            return fit
+        sc = get_preset(args.preset) if args.preset else Scenario.from_yaml(args.scenario)
         if args.steps is not None:
             sc = Scenario.from_dict({**sc.to_dict(), "steps": args.steps})
     except KeyError as err:
@@ -545,9 +550,9 @@ _PLAN_NOTES = (
 )
 
 
-def _plot_plan(sc: Scenario, result: object, out: Path) -> list[Path]:
+def _plot_plan(source: Scenario | Calibration, result: object, out: Path) -> list[Path]:
     """The best plan's (and the best static split's) traces and PNGs in ``out`` (as ``lhr simulate --plot``)."""
-    from lightning_hybrid_rollout.sim.plan import Plan
+    from lightning_hybrid_rollout.sim.plan import Plan, base_scenario, candidate_scenario
     from lightning_hybrid_rollout.sim.runner import run_once
 
     assert isinstance(result, Plan)
@@ -557,11 +562,11 @@ def _plot_plan(sc: Scenario, result: object, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     runs = []
     for name in names:
-        one = sc.with_runs([result.row(name).spec()])
+        one = candidate_scenario(source, result.row(name).spec())
         run = run_once(one, one.runs[0], out / f"trace_{name}.json")
         run.efficiency = result.balance_bound_s / run.time_s
         runs.append(run)
-    return _plot_result(ScenarioResult(sc.name, result.balance_bound_s, runs), out)
+    return _plot_result(ScenarioResult(base_scenario(source).name, result.balance_bound_s, runs), out)
 
 
 def plan_main(argv: Sequence[str] | None = None) -> int:
@@ -600,7 +605,10 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if args.model_gb is not None:
-            sc = scale_sync(sc, args.model_gb, args.sync_gbps)
+            if isinstance(sc, Calibration):
+                sc = dataclasses.replace(sc, scenario=scale_sync(sc.scenario, args.model_gb, args.sync_gbps))
+            else:
+                sc = scale_sync(sc, args.model_gb, args.sync_gbps)
         result = plan(sc, args.devices, jobs=args.jobs, policies=names(args.policies), option_sets=names(args.options))
     except PlanError as err:
         parser.error(str(err))

@@ -29,6 +29,9 @@ policy or option could beat.
 
 Scaling rules (docs/choosing_a_split.md, "Plan from a pilot run"): a scenario fitted to a pilot run on a few devices
 (``calibrate_run``) keeps its rates per replica and per device, so planning on ``N`` devices changes only the split;
+planned from the :class:`~lightning_hybrid_rollout.sim.calibration.Calibration` itself, each candidate gets the
+pilot's standalone rate converted between a run whose hybrid replicas serve and one where they never do
+(:func:`candidate_scenario`);
 :func:`scale_sync` turns the standalone weight sync into bytes over bandwidth for another network.
 
 Example::
@@ -53,6 +56,7 @@ from typing import Any
 
 from lightning_hybrid_rollout.errors import HybridRolloutError, PlanError
 from lightning_hybrid_rollout.schedule import available_policies, policy_starting_ratio
+from lightning_hybrid_rollout.sim.calibration import Calibration
 from lightning_hybrid_rollout.sim.results import RunResult
 from lightning_hybrid_rollout.sim.runner import run_once
 from lightning_hybrid_rollout.sim.scenario import RunSpec, Scenario
@@ -66,8 +70,10 @@ __all__ = [
     "PlanError",
     "PlanRow",
     "Staleness",
+    "base_scenario",
     "breakdown_groups",
     "candidate_runs",
+    "candidate_scenario",
     "plan",
     "rank",
     "scale_sync",
@@ -361,23 +367,49 @@ class Plan:
         }
 
 
-def _simulate_one(scenario: Scenario, spec: RunSpec) -> RunResult | str:
+def base_scenario(source: Scenario | Calibration) -> Scenario:
+    """The scenario of ``source``: itself, or the scenario a :class:`Calibration` fitted to its pilot run."""
+    return source.scenario if isinstance(source, Calibration) else source
+
+
+def candidate_scenario(source: Scenario | Calibration, spec: RunSpec) -> Scenario:
+    """The one-run scenario ``spec`` is simulated in.
+
+    A scenario runs every candidate as it is. A :class:`Calibration` (a pilot run's fit, ``lhr plan --from-run``)
+    converts the standalone replicas' rate between a pilot whose hybrid replicas served and a candidate where they
+    never do, or the other way round (:meth:`Calibration.scenario_for`, the conversion ``benchmarks/
+    planner_fidelity.py`` measures against real runs): a static pilot on a host whose trainer slowed its standalone
+    replicas while it trained (``replica.speed_while_training`` < 1) slows them alike in every phase of a candidate
+    whose hybrid replicas serve, where the trainer's devices are busy nearly throughout.
+
+    Raises:
+        CalibrationError: A candidate the calibration's conversion refuses.
+    """
+    if isinstance(source, Calibration):
+        return source.scenario_for(spec)
+    return source.with_runs([spec])
+
+
+def _simulate_one(source: Scenario | Calibration, spec: RunSpec) -> RunResult | str:
     """One candidate, alone in its scenario; a candidate the simulator refuses gives its one-line reason."""
     try:
-        sc = scenario.with_runs([spec])
+        sc = candidate_scenario(source, spec)
         return run_once(sc, sc.runs[0])
     except (HybridRolloutError, ValueError, TypeError) as err:  # a policy refusing the scenario, a stuck run
         return f"{type(err).__name__}: {err}"
 
 
-def simulate_candidates(scenario: Scenario, specs: Sequence[RunSpec], jobs: int = 1) -> list[RunResult | str]:
-    """Simulate each candidate (a one-run scenario each), in ``jobs`` worker processes when ``jobs > 1``.
+def simulate_candidates(
+    scenario: Scenario | Calibration, specs: Sequence[RunSpec], jobs: int = 1
+) -> list[RunResult | str]:
+    """Simulate each candidate (a one-run scenario each, :func:`candidate_scenario`), in ``jobs`` worker processes
+    when ``jobs > 1``.
 
     Worker processes import the package afresh where the platform does not fork, so a policy registered by a
     script (not by an imported module or an entry point) is then unknown there: use ``jobs=1``.
 
     Args:
-        scenario: The workload.
+        scenario: The workload: a scenario, or a pilot run's :class:`Calibration`.
         specs: The candidates (:func:`candidate_runs`).
         jobs: Worker processes (1: in this process).
 
@@ -457,7 +489,7 @@ def rank(scenario: Scenario, devices: int, specs: Sequence[RunSpec], results: Se
 
 
 def plan(
-    scenario: Scenario,
+    scenario: Scenario | Calibration,
     devices: int,
     *,
     jobs: int = 1,
@@ -467,7 +499,9 @@ def plan(
     """Simulate every candidate run on ``devices`` devices (:func:`candidate_runs`) and rank them by time.
 
     Args:
-        scenario: The workload and hardware model (a preset, a YAML file, or ``calibrate_run(...).scenario``).
+        scenario: The workload and hardware model: a scenario (a preset, a YAML file), or a pilot run's
+            :class:`Calibration` (``calibrate_run(RUN_DIR)``), whose candidates each get the pilot's standalone
+            rate converted for them (:func:`candidate_scenario`).
         devices: ``N``.
         jobs: Worker processes for the simulations.
         policies: Policies to try with hybrid replicas (default: every registered one).
@@ -476,10 +510,11 @@ def plan(
     Raises:
         PlanError: See :func:`candidate_runs`; or when no candidate could be simulated.
     """
-    specs = candidate_runs(scenario, devices, policies=policies, option_sets=option_sets)
+    base = base_scenario(scenario)
+    specs = candidate_runs(base, devices, policies=policies, option_sets=option_sets)
     t0 = time.perf_counter()
     results = simulate_candidates(scenario, specs, jobs)
-    out = rank(scenario, devices, specs, results)
+    out = rank(base, devices, specs, results)
     out.wall_s = time.perf_counter() - t0
     return out
 

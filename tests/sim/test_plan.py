@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,11 +13,20 @@ from lightning_hybrid_rollout.errors import HybridRolloutError, PlanError
 from lightning_hybrid_rollout.schedule import DynamicSchedulePolicyBase, available_policies
 from lightning_hybrid_rollout.schedule import base as registry
 from lightning_hybrid_rollout.sim.cli import plan_main
-from lightning_hybrid_rollout.sim.plan import OPTION_SETS, candidate_runs, plan, scale_sync, simulate_candidates
+from lightning_hybrid_rollout.sim.plan import (
+    OPTION_SETS,
+    candidate_runs,
+    candidate_scenario,
+    plan,
+    scale_sync,
+    simulate_candidates,
+)
+from lightning_hybrid_rollout.sim.scenario import Scenario
 
 from .conftest import tiny_scenario
 
 RUN_DIR = Path(__file__).resolve().parents[1] / "data" / "cpu_miniature_default_8_steps"
+PROBED_DIR = RUN_DIR.parent / "cpu_miniature_static_probed"  # a static pilot that measured speed_while_training
 FREE_SWITCHES = {k: 0.0 for k in ("standalone_sync_s", "standalone_commit_s", "hybrid_sync_s", "wake_s", "sleep_s")}
 FREE_SWITCHES.update(add_s=0.0, resume_s=0.0, remove_s=0.0, abort_s=0.0, rebalance_s=0.0)
 COSTLY_SWITCHES = {"standalone_sync_s": 1.0, "hybrid_sync_s": 20.0, "wake_s": 30.0, "sleep_s": 30.0}
@@ -170,6 +180,33 @@ def test_plan_from_a_recorded_run(capsys):
     assert "fitted to" in captured.err  # the fit's note goes to stderr with --json
     assert {r["name"] for r in doc["rows"]} >= {"static_1_1", "dynamic_1_1_default", "dynamic_2_0_default"}
     assert doc["best_static"] in ("static_1_1", "static_1_1_staged_keep")
+
+
+def test_a_plan_from_a_static_pilot_slows_the_standalone_replicas_of_its_serving_candidates_as_measured():
+    """``lhr plan --from-run`` plans from the pilot's Calibration: a serving candidate runs the standalone replicas at
+    the pilot's ``speed_while_training`` in every phase (``Calibration.scenario_for``, what planner_fidelity checks
+    against real runs), not only while the trainer trains; a candidate like the pilot runs as fitted."""
+    from lightning_hybrid_rollout.sim.calibrate import calibrate_run
+    from lightning_hybrid_rollout.sim.runner import run_once
+
+    fit = calibrate_run(PROBED_DIR)
+    factor = fit.scenario.replica.speed_while_training
+    assert factor < 0.95  # the recorded static pilot measured its standalone replica slowed while training
+    steps = {"steps": 4}
+    fit = dataclasses.replace(fit, scenario=Scenario.from_dict({**fit.scenario.to_dict(), **steps}))
+    result = plan(fit, 2, policies=["rate_matched"], option_sets=["seed"])
+    dynamic = result.row("dynamic_1_1_rate_matched").spec()
+    converted = candidate_scenario(fit, dynamic)
+    assert converted.replica.tokens_per_s == pytest.approx(fit.scenario.replica.tokens_per_s * factor)
+    assert converted.replica.speed_while_training == 1.0  # slowed throughout, not a second time while training
+    assert result.row("dynamic_1_1_rate_matched").time_s == pytest.approx(run_once(converted, converted.runs[0]).time_s)
+    unconverted = fit.scenario.with_runs([dynamic])
+    assert result.row("dynamic_1_1_rate_matched").time_s > run_once(unconverted, unconverted.runs[0]).time_s
+    static = result.row("static_1_1").spec()
+    assert candidate_scenario(fit, static).replica == fit.scenario.replica  # like the pilot: as fitted
+    assert result.row("static_1_1").time_s == pytest.approx(
+        plan(fit.scenario, 2, option_sets=["seed"]).row("static_1_1").time_s
+    )
 
 
 def test_parallel_jobs_give_the_same_plan():
