@@ -38,7 +38,6 @@ Example::
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import sys
@@ -440,28 +439,30 @@ def _plan_scenario(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     """The plan's workload: a pilot run's :class:`Calibration` (``--from-run``: each candidate gets the pilot's
     standalone rate converted for it), or a scenario (``--scenario``, ``--preset``); ``--steps`` applied."""
     from lightning_hybrid_rollout.sim.calibrate import CalibrationError, calibrate_run
+    from lightning_hybrid_rollout.sim.plan import base_scenario, with_base_scenario
 
     out = sys.stderr if args.json else sys.stdout
+    source: Scenario | Calibration
     try:
         if args.from_run:
-            fit = calibrate_run(args.from_run)
-            if args.steps is not None:
-                steps = Scenario.from_dict({**fit.scenario.to_dict(), "steps": args.steps})
-                fit = dataclasses.replace(fit, scenario=steps)
+            source = calibrate_run(args.from_run)
             print(
                 f"workload fitted to {args.from_run} (`lhr simulate --from-run {args.from_run} --fit-only` prints "
                 "every number with its spread and source)",
                 file=out,
             )
-            return fit
-        sc = get_preset(args.preset) if args.preset else Scenario.from_yaml(args.scenario)
+        elif args.preset:
+            source = get_preset(args.preset)
+        else:
+            source = Scenario.from_yaml(args.scenario)
         if args.steps is not None:
-            sc = Scenario.from_dict({**sc.to_dict(), "steps": args.steps})
+            steps = Scenario.from_dict({**base_scenario(source).to_dict(), "steps": args.steps})
+            source = with_base_scenario(source, steps)
     except KeyError as err:
         parser.error(str(err.args[0]))
     except (CalibrationError, ScenarioError, OSError) as err:
         parser.error(str(err))
-    return sc
+    return source
 
 
 def _duration(seconds: float) -> str:
@@ -589,7 +590,7 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
         argv: Arguments after ``plan`` (default: ``sys.argv[1:]``).
     """
     from lightning_hybrid_rollout.errors import PlanError
-    from lightning_hybrid_rollout.sim.plan import plan, scale_sync
+    from lightning_hybrid_rollout.sim.plan import base_scenario, plan, scale_sync, with_base_scenario
 
     parser = _plan_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -605,10 +606,7 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if args.model_gb is not None:
-            if isinstance(sc, Calibration):
-                sc = dataclasses.replace(sc, scenario=scale_sync(sc.scenario, args.model_gb, args.sync_gbps))
-            else:
-                sc = scale_sync(sc, args.model_gb, args.sync_gbps)
+            sc = with_base_scenario(sc, scale_sync(base_scenario(sc), args.model_gb, args.sync_gbps))
         result = plan(sc, args.devices, jobs=args.jobs, policies=names(args.policies), option_sets=names(args.options))
     except PlanError as err:
         parser.error(str(err))

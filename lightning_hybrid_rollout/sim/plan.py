@@ -78,6 +78,7 @@ __all__ = [
     "rank",
     "scale_sync",
     "simulate_candidates",
+    "with_base_scenario",
 ]
 
 
@@ -370,6 +371,11 @@ class Plan:
 def base_scenario(source: Scenario | Calibration) -> Scenario:
     """The scenario of ``source``: itself, or the scenario a :class:`Calibration` fitted to its pilot run."""
     return source.scenario if isinstance(source, Calibration) else source
+
+
+def with_base_scenario(source: Scenario | Calibration, scenario: Scenario) -> Scenario | Calibration:
+    """``source`` with ``scenario`` in place of its :func:`base_scenario` (a Calibration keeps its fit's record)."""
+    return dataclasses.replace(source, scenario=scenario) if isinstance(source, Calibration) else scenario
 
 
 def candidate_scenario(source: Scenario | Calibration, spec: RunSpec) -> Scenario:
