@@ -40,7 +40,10 @@ runs' machine-speed probe readings (slowest / fastest - 1, :func:`machine_speed.
 fewer than ``--repeats`` rounds moved at most ``--steady-tolerance`` (default 10%), another round runs, at most
 ``--extra-rounds`` (default 4) beyond the repeats, and the speedups count the steady rounds
 (:func:`machine_speed.counted_rounds`: the steadiest ``--repeats`` when too few held), the others listed by name.
-The speedup is the median over the counted rounds of those ratios. The line before the last is
+The speedup is the median over the counted rounds of those ratios. Per dynamic policy it also prints the speedup as
+two factors (:func:`speedup_factors`, information): its run's efficiency over the static runs' (what the scheduling
+gained) times the static runs' balance bound over its run's (what the machine took back: the hybrid replica's
+ρ < 1 and the standalone replica's slowdown beside a busy core). The line before the last is
 ``best efficiency: 0.XX (policy)`` (the run with the highest efficiency); the LAST line printed is exactly
 ``speedup: X.XX``, of ``--speedup-policy`` (``rate_matched``, the best configuration measured: issue #14's 3-repeat
 run gave it speedup 1.40 and efficiency 0.93, against 1.26 / 0.88 for ``default`` and 1.17 / 0.81 for
@@ -60,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import itertools
 import json
 import math
@@ -311,6 +315,13 @@ def _bound(run_dir: Path) -> Any:
         return None
 
 
+def _bound_at_rho_1(report: Any) -> float | None:
+    """The run's balance bound had its hybrid replica decoded as fast as the standalone one (``ρ = 1``)."""
+    if report is None or report.measurements is None:
+        return None
+    return dataclasses.replace(report.measurements, hybrid_tokens_per_device_s=None).bound_s
+
+
 def _summarize(run_dir: Path, report: dict[str, Any]) -> dict[str, Any]:
     """Per-run figures from the run's metrics.csv and the worker's report."""
     with open(run_dir / "metrics.csv", newline="") as f:
@@ -337,6 +348,8 @@ def _summarize(run_dir: Path, report: dict[str, Any]) -> dict[str, Any]:
     bound = _bound(run_dir)
     return {
         "bound_s": bound.bound_s if bound is not None else None,
+        "traced_wall_s": bound.wall_s if bound is not None else None,
+        "bound_rho1_s": _bound_at_rho_1(bound),
         "efficiency": bound.efficiency if bound is not None else None,
         "bound_lines": bound.lines() if bound is not None else ["balance bound: no trace.json"],
         "wait_hybrid_s": wait_hybrid_s,
@@ -680,6 +693,30 @@ def static_reference(static: list[float], dynamic_runs: int) -> list[float]:
     raise ValueError(f"{len(static)} static runs for {dynamic_runs} dynamic ones: expected as many or one more")
 
 
+def speedup_factors(static: list[dict[str, Any]], dynamic: list[dict[str, Any]]) -> list[tuple[float, float]] | None:
+    """Per dynamic repeat, its traced-wall speedup over its static reference as ``(scheduling, machine)``.
+
+    ``scheduling`` = the dynamic run's efficiency / the static reference's (its mean bound over its mean traced
+    wall, :func:`static_reference`), ``machine`` = the static reference's bound / the dynamic run's; their product
+    is the static reference's traced wall over the dynamic run's. A run whose trace lacks the bound's terms: None.
+
+    Example::
+
+        >>> s = {"bound_s": 30.0, "traced_wall_s": 45.0}  # static: efficiency 0.67
+        >>> [(round(a, 3), round(b, 3)) for a, b in speedup_factors([s, s], [{"bound_s": 33.0, "traced_wall_s": 35.0}])]
+        [(1.414, 0.909)]
+    """
+    runs = [*static, *dynamic]
+    if any(r.get("bound_s") is None or not r.get("traced_wall_s") for r in runs):
+        return None
+    bounds = static_reference([r["bound_s"] for r in static], len(dynamic))
+    walls = static_reference([r["traced_wall_s"] for r in static], len(dynamic))
+    return [
+        ((d["bound_s"] / d["traced_wall_s"]) / (b / w), b / d["bound_s"])
+        for b, w, d in zip(bounds, walls, dynamic, strict=True)
+    ]
+
+
 def _counts(index: int, counted: list[int] | None) -> bool:
     return counted is None or index in counted
 
@@ -750,6 +787,24 @@ def _report(
                 f"{pol}: at equal machine speed (each pair's walls scaled by its probe times, information) "
                 f"{statistics.median(equal):.2f} (per repeat: {', '.join(f'{x:.2f}' for x in equal)}; probe "
                 f"dynamic / static: {', '.join(f'{b / a:.2f}' for a, b in speeds)})"
+            )
+        factors = speedup_factors(static, dyn)
+        if factors is not None:
+            kept = [f for i, f in enumerate(factors) if _counts(i, counted)]
+            sched, machine = statistics.median(f[0] for f in kept), statistics.median(f[1] for f in kept)
+            rho1 = [d.get("bound_rho1_s") for i, d in enumerate(dyn) if _counts(i, counted)]
+            rho_part = (
+                f"; of the machine's, the hybrid replica's rho "
+                f"{statistics.median(r / d['bound_s'] for r, d in zip(rho1, dyn, strict=False)):.2f} (its bound at rho "
+                "= 1 over its own)"
+                if all(r is not None for r in rho1)
+                else ""
+            )
+            print(
+                f"{pol}: as two factors (traced walls, information): scheduling {sched:.2f} (its efficiency over the "
+                f"static runs') x machine {machine:.2f} (their balance bound over its own: the hybrid replica's rho "
+                f"and the standalone's slowdown beside a busy core){rho_part}; per repeat: "
+                + ", ".join(f"{a:.2f} x {b:.2f} = {a * b:.2f}" for a, b in kept)
             )
     measured = [(r["efficiency"], pol) for pol in policies for r in results[pol] if r.get("efficiency") is not None]
     if measured:

@@ -116,6 +116,40 @@ def test_the_report_prints_the_bracketed_speedups_last(capsys):
     assert "1.25 (per repeat: 1.25, 1.25; probe dynamic / static: 1.00, 1.00)" in equal
 
 
+def test_the_report_splits_each_speedup_into_the_scheduling_and_the_machine_factor(capsys):
+    cm = load_benchmark("cpu_miniature")
+
+    def run(wall: float, bound: float | None) -> dict[str, Any]:
+        return {**_result(wall, None if bound is None else bound / wall), "bound_s": bound, "traced_wall_s": wall}
+
+    # the first dynamic run's static reference: bound (30 + 28) / 2 = 29 s over wall 45 s (efficiency 0.644); it
+    # reaches 0.9 of a bound of 33 s (the machine took 12% back): 1.397 x 0.879 = its traced-wall speedup, 45 / 36.67
+    static = [run(50.0, 30.0), run(40.0, 28.0), run(40.0, 32.0)]
+    dynamic = [run(33.0 / 0.9, 33.0), run(30.0, 30.0)]  # the second: efficiency 1, bound 30 against 30 (1.333 x 1)
+    factors = cm.speedup_factors(static, dynamic)
+    assert factors is not None
+    for (a, b), d, w in zip(factors, dynamic, (45.0, 40.0), strict=True):
+        assert a * b == pytest.approx(w / d["traced_wall_s"])
+    assert factors[0] == pytest.approx((0.9 / (29.0 / 45.0), 29.0 / 33.0))
+    assert factors[1] == pytest.approx((1.0 / (30.0 / 40.0), 1.0))
+    cm._report(
+        ["static_fully_async", "rate_matched"], {"static_fully_async": static, "rate_matched": dynamic}, "rate_matched"
+    )
+    line = next(x for x in capsys.readouterr().out.splitlines() if "as two factors" in x)
+    assert "scheduling 1.36 " in line and "machine 0.94 " in line  # medians of (1.397, 1.333) and (0.879, 1.0)
+    assert line.endswith("per repeat: 1.40 x 0.88 = 1.23, 1.33 x 1.00 = 1.33")
+    assert "rho" in line and "rho 0." not in line and "rho 1." not in line  # no bound at rho = 1 given: no rho part
+    # the part of the machine's factor that is the hybrid replica's rho: its bound at rho = 1 over its own
+    dynamic[0]["bound_rho1_s"], dynamic[1]["bound_rho1_s"] = 33.0 * 0.9, 30.0 * 0.8
+    cm._report(
+        ["static_fully_async", "rate_matched"], {"static_fully_async": static, "rate_matched": dynamic}, "rate_matched"
+    )
+    line = next(x for x in capsys.readouterr().out.splitlines() if "as two factors" in x)
+    assert "the hybrid replica's rho 0.85 (its bound at rho = 1 over its own)" in line
+    # a run whose trace lacks the bound's terms: no split
+    assert cm.speedup_factors(static, [run(30.0, None), run(30.0, 30.0)]) is None
+
+
 def test_a_round_over_which_the_machine_moved_is_replaced_and_left_out_of_the_speedup(monkeypatch, capsys, tmp_path):
     """The bracketed loop, its runs faked: round r2's dynamic run ran while the probe read the machine 30% slower
     (and its wall 30% longer); another round follows it, and the speedup is over r1, r3 and r4."""
