@@ -792,12 +792,12 @@ def _report(
         if factors is not None:
             kept = [f for i, f in enumerate(factors) if _counts(i, counted)]
             sched, machine = statistics.median(f[0] for f in kept), statistics.median(f[1] for f in kept)
-            rho1 = [d.get("bound_rho1_s") for i, d in enumerate(dyn) if _counts(i, counted)]
+            counted_dyn = [d for i, d in enumerate(dyn) if _counts(i, counted)]
             rho_part = (
                 f"; of the machine's, the hybrid replica's rho "
-                f"{statistics.median(r / d['bound_s'] for r, d in zip(rho1, dyn, strict=False)):.2f} (its bound at rho "
-                "= 1 over its own)"
-                if all(r is not None for r in rho1)
+                f"{statistics.median(d['bound_rho1_s'] / d['bound_s'] for d in counted_dyn):.2f} (its bound at rho = 1 "
+                "over its own)"
+                if all(d.get("bound_rho1_s") is not None for d in counted_dyn)
                 else ""
             )
             print(

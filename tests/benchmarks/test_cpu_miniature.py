@@ -146,6 +146,16 @@ def test_the_report_splits_each_speedup_into_the_scheduling_and_the_machine_fact
     )
     line = next(x for x in capsys.readouterr().out.splitlines() if "as two factors" in x)
     assert "the hybrid replica's rho 0.85 (its bound at rho = 1 over its own)" in line
+    # over the counted rounds only: with the first round not steady, the second round's alone
+    cm._report(
+        ["static_fully_async", "rate_matched"],
+        {"static_fully_async": static, "rate_matched": dynamic},
+        "rate_matched",
+        spreads=[0.5, 0.01],
+        repeats=1,
+    )
+    line = next(x for x in capsys.readouterr().out.splitlines() if "as two factors" in x)
+    assert "scheduling 1.33 " in line and "machine 1.00 " in line and "rho 0.80 " in line
     # a run whose trace lacks the bound's terms: no split
     assert cm.speedup_factors(static, [run(30.0, None), run(30.0, 30.0)]) is None
 
