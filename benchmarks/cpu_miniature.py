@@ -790,21 +790,20 @@ def _report(
             )
         factors = speedup_factors(static, dyn)
         if factors is not None:
-            kept = [f for i, f in enumerate(factors) if _counts(i, counted)]
-            sched, machine = statistics.median(f[0] for f in kept), statistics.median(f[1] for f in kept)
-            counted_dyn = [d for i, d in enumerate(dyn) if _counts(i, counted)]
+            kept = [(f, d) for i, (f, d) in enumerate(zip(factors, dyn, strict=True)) if _counts(i, counted)]
+            sched, machine = statistics.median(f[0] for f, _ in kept), statistics.median(f[1] for f, _ in kept)
             rho_part = (
                 f"; of the machine's, the hybrid replica's rho "
-                f"{statistics.median(d['bound_rho1_s'] / d['bound_s'] for d in counted_dyn):.2f} (its bound at rho = 1 "
+                f"{statistics.median(d['bound_rho1_s'] / d['bound_s'] for _, d in kept):.2f} (its bound at rho = 1 "
                 "over its own)"
-                if all(d.get("bound_rho1_s") is not None for d in counted_dyn)
+                if all(d.get("bound_rho1_s") is not None for _, d in kept)
                 else ""
             )
             print(
                 f"{pol}: as two factors (traced walls, information): scheduling {sched:.2f} (its efficiency over the "
                 f"static runs') x machine {machine:.2f} (their balance bound over its own: the hybrid replica's rho "
                 f"and the standalone's slowdown beside a busy core){rho_part}; per repeat: "
-                + ", ".join(f"{a:.2f} x {b:.2f} = {a * b:.2f}" for a, b in kept)
+                + ", ".join(f"{a:.2f} x {b:.2f} = {a * b:.2f}" for (a, b), _ in kept)
             )
     measured = [(r["efficiency"], pol) for pol in policies for r in results[pol] if r.get("efficiency") is not None]
     if measured:
