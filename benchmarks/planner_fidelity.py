@@ -64,14 +64,13 @@ runs of a round have one, each cross prediction is also re-simulated at the prob
 alike, :func:`machine_corrected`), which reads nothing of the target run at all; a line per round and the medians.
 
 Rates across the swap (``sim/calibrate.py``): a static run never sees its hybrid replica serve, so the hybrid rate
-is assumed ``hybrid_speed_ratio`` (default 0.73, ``--hybrid-speed-ratio``) × the standalone rate. How much slower the
-standalone replica decodes while the trainer trains (``replica.speed_while_training``) is measured by each
-calibration run itself (the runtime reads the replica's generated tokens at every training span's boundary) and
-printed per round. Since 2026-12-04 the static fit's swap to the dynamic run reads that measurement as the standalone
-replica's speed whenever core 0 is busy, training or serving: in the dynamic run (core 0 busy nearly throughout) the
-standalone rate is the fitted rate × ``speed_while_training`` in every phase (``Calibration.scenario_for``); the
-dynamic fit's swap back divides by 1.0 (a dynamic run cannot measure it). ``--standalone-speed-with-hybrid F`` sets
-one factor for both directions instead (the rule before: F = 1.0).
+is assumed ``hybrid_speed_ratio`` (default 0.71, ``--hybrid-speed-ratio``) × the standalone rate. How much slower the
+standalone replica decodes beside a busy core 0 converts its rate across the swap, in both directions, by
+``standalone_speed_with_hybrid`` (default 0.91, ``--standalone-speed-with-hybrid``; ``Calibration.scenario_for``): the
+dynamic run keeps core 0 busy nearly throughout (training or serving), a static run only while it trains. Both
+defaults are this machine's figures, medians over the runs of stops 32-33 (37 dynamic, 52 static). Since 2026-12-05
+the static fit's own ``replica.speed_while_training`` (measured by each calibration run, printed per round) is not
+the conversion: it does not carry over to the next run (docs/simulator.md, "The machine's two figures").
 
 Wall times compare like with like: the real one is the trainer's traced wall of the run's ``trace.json`` (its first
 ``trainer/trainer`` span to its last: what ``cpu_miniature`` prints as ``traced wall`` and divides the bound by);
@@ -118,7 +117,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightning_hybrid_rollout.run_bound import trainer_breakdown
+from lightning_hybrid_rollout.run_bound import read_run, trainer_breakdown
 from lightning_hybrid_rollout.sim import simulate
 from lightning_hybrid_rollout.sim.calibrate import (
     HYBRID_SPEED_RATIO,
@@ -210,10 +209,17 @@ def simulated_wall(scenario: Scenario) -> float:
 
 def simulated(scenario: Scenario) -> tuple[float, float]:
     """The simulated run's traced wall (:func:`simulated_wall`) and its mean version lag (``version_lag_mean``)."""
+    wall, lag, _ = simulated_with_bound(scenario)
+    return wall, lag
+
+
+def simulated_with_bound(scenario: Scenario) -> tuple[float, float, float | None]:
+    """:func:`simulated` and the simulated trace's balance bound, read as a real run's (``lhr report``'s
+    ``read_run``: None where it has none)."""
     with tempfile.TemporaryDirectory(prefix="lhr-fidelity-") as tmp:
         result = simulate(scenario, trace_dir=tmp).runs[0]
         assert result.trace_path is not None
-        return traced_wall(result.trace_path), result.version_lag_mean
+        return traced_wall(result.trace_path), result.version_lag_mean, read_run(result.trace_path).bound_s
 
 
 def real_version_lag(run_dir: str | Path) -> float:
@@ -295,16 +301,45 @@ class Comparison:
     #: The dynamic run's measured hybrid / standalone decode rate (the static side assumes ``hybrid_speed_ratio``).
     measured_hybrid_ratio: float = float("nan")
     hybrid_speed_ratio: float = HYBRID_SPEED_RATIO
-    #: The factor the static fit's standalone rate was converted by into the dynamic run.
+    #: The factor the standalone rate was converted by across the swap (both ways).
     standalone_speed_with_hybrid: float = STANDALONE_SPEED_WITH_HYBRID
-    #: Whether that factor is the static run's own ``speed_while_training`` (the default) or was given.
-    standalone_speed_measured: bool = False
+    #: Whether that factor is the default (:data:`STANDALONE_SPEED_WITH_HYBRID`, the machine's figure) or was given.
+    standalone_speed_default: bool = False
     #: How fast the independent probe found the machine in the dynamic run against the static one (None: unknown).
     machine_probe: float | None = None
     #: ``replica.speed_while_training`` fitted from the static run and from the dynamic run (1.0: not measured).
     speed_while_training: tuple[float, float] = (1.0, 1.0)
     #: Whether the static side is the mean of the static runs before and after the dynamic one (:func:`bracketed`).
     bracketed: bool = False
+    #: Balance bounds (s) read from the traces: the real static run, the real dynamic run, the static fit's own
+    #: simulated static run and its simulated dynamic run (:meth:`factors`); None where a trace has none.
+    bounds: tuple[float | None, float | None, float | None, float | None] | None = None
+
+    def factors(self) -> tuple[tuple[float, float], tuple[float, float]] | None:
+        """The real and the predicted speedup as ``cpu_miniature``'s two factors, ``(scheduling, machine)`` each:
+        machine = the static run's balance bound / the dynamic run's, scheduling = speedup / machine (= the dynamic
+        run's efficiency over the static run's); None without every bound."""
+        if self.bounds is None or any(b is None or not b > 0 for b in self.bounds):
+            return None
+        real_static, real_dynamic, predicted_static, predicted_dynamic = self.bounds  # type: ignore[misc]
+        real_machine, predicted_machine = real_static / real_dynamic, predicted_static / predicted_dynamic
+        return (
+            (self.real_speedup / real_machine, real_machine),
+            (self.predicted_speedup / predicted_machine, predicted_machine),
+        )
+
+    def factors_line(self) -> str | None:
+        """The speedup's two factors, real and predicted (information, counted nowhere); None without them."""
+        f = self.factors()
+        if f is None:
+            return None
+        (rs, rm), (ps, pm) = f
+        return (
+            f"speedup as two factors (docs/cpu_miniature.md; information): real scheduling {rs:.3f} x machine "
+            f"{rm:.3f} = {self.real_speedup:.3f}, predicted {ps:.3f} x {pm:.3f} = {self.predicted_speedup:.3f} "
+            "(scheduling: the dynamic run's efficiency over the static run's; machine: the static run's balance bound "
+            "over the dynamic run's)"
+        )
 
     def training_line(self) -> str:
         """The standalone replica's speed while the trainer trains, as each run's calibration fitted it."""
@@ -393,10 +428,9 @@ class Comparison:
             f"assumed across the swap: hybrid_speed_ratio {self.hybrid_speed_ratio:g} (a static run never sees the "
             f"hybrid replica serve; {measured}), standalone_speed_with_hybrid "
             + (
-                f"{self.standalone_speed_with_hybrid:.3f} from the static fit (measured: its "
-                "replica.speed_while_training; the standalone replica slowed throughout the dynamic run), "
-                f"{STANDALONE_SPEED_WITH_HYBRID:g} from the dynamic fit back (not measurable there)"
-                if self.standalone_speed_measured
+                f"{self.standalone_speed_with_hybrid:g} both ways (the machine's figure: the standalone replica "
+                "beside a busy core 0, throughout the dynamic run and while the static run trains)"
+                if self.standalone_speed_default
                 else f"{self.standalone_speed_with_hybrid:g} (given)"
             )
         )
@@ -410,6 +444,7 @@ class Comparison:
             self.training_line(),
             self.drift_line(),
             self.corrected_line(),
+            *([] if (factors := self.factors_line()) is None else [factors]),
             f"speedup ({STATIC} / {DYNAMIC}): real {self.real_speedup:.3f}, predicted {self.predicted_speedup:.3f} "
             f"(static calibration), speedup error: {self.speedup_error:.3f}",
             f"worst relative error: {self.worst_relative_error:.3f}",
@@ -547,6 +582,27 @@ class Rounds:
         )
         return out
 
+    def factors_line(self) -> str | None:
+        """The speedup's two factors per round and their medians, real / predicted (information); None where a
+        round has none."""
+        per = [(label, c.factors()) for label, c in self.rounds]
+        if any(f is None for _, f in per):
+            return None
+        rows = [(label, f) for label, f in per if f is not None]
+
+        def med(k: int, i: int) -> float:
+            return statistics.median(f[k][i] for _, f in rows)
+
+        return (
+            "speedup as two factors per round, real / predicted (docs/cpu_miniature.md; information, not counted): "
+            + ", ".join(
+                f"{label} scheduling {f[0][0]:.2f} / {f[1][0]:.2f}, machine {f[0][1]:.2f} / {f[1][1]:.2f}"
+                for label, f in rows
+            )
+            + f"; medians: scheduling {med(0, 0):.3f} / {med(1, 0):.3f}, machine {med(0, 1):.3f} / {med(1, 1):.3f} "
+            "(the simulated schedule against the real one; what the machine took back, real and as predicted)"
+        )
+
     def lines(self) -> list[str]:
         """Each round's table, machine speed and speedup; then the medians over the rounds: a table (per-round
         signed errors, the median of the absolute ones), the per-round speedups, the speedup line (the median
@@ -570,6 +626,8 @@ class Rounds:
             out.append("  " + c.corrected_line())
             if (probe := c.probe_line()) is not None:
                 out.append("  " + probe)
+            if (factors := c.factors_line()) is not None:
+                out.append("  " + factors)
             out.append(
                 f"  speedup: real {c.real_speedup:.3f}, predicted {c.predicted_speedup:.3f}, error "
                 f"{c.speedup_error:.3f}; this round's worst wall error {c.worst_relative_error:.3f}"
@@ -622,6 +680,8 @@ class Rounds:
                     if len(errors) == n
                 )
             )
+        if (factors := self.factors_line()) is not None:
+            out.append(factors)
         out.append(
             "speedup per round, real / predicted (|error|): "
             + ", ".join(
@@ -656,8 +716,10 @@ def compare(
     static_run = run_from_config(static_dir, from_static, STATIC)
     dynamic_run = run_from_config(dynamic_dir, from_static, DYNAMIC)  # its configuration only
     dynamic_scenario = from_static.scenario_for(dynamic_run, **factors)
-    static_self, static_self_lag = simulated(from_static.scenario_for(static_run, **factors))
-    dynamic_pred, dynamic_pred_lag = simulated(dynamic_scenario)
+    static_self, static_self_lag, static_self_bound = simulated_with_bound(
+        from_static.scenario_for(static_run, **factors)
+    )
+    dynamic_pred, dynamic_pred_lag, dynamic_pred_bound = simulated_with_bound(dynamic_scenario)
 
     from_dynamic = calibrate_run(dynamic_dir, hybrid_speed_ratio=hybrid_speed_ratio)
     static_from_dynamic = run_from_config(static_dir, from_dynamic, STATIC)
@@ -738,13 +800,19 @@ def compare(
         measured_hybrid_ratio=rho,
         hybrid_speed_ratio=hybrid_speed_ratio,
         standalone_speed_with_hybrid=applied,
-        standalone_speed_measured=standalone_speed_with_hybrid is None,
+        standalone_speed_default=standalone_speed_with_hybrid is None,
         machine_probe=probe,
         speed_while_training=(
             from_static.scenario.replica.speed_while_training,
             from_dynamic.scenario.replica.speed_while_training,
         ),
+        bounds=(_bound(static_dir), _bound(dynamic_dir), static_self_bound, dynamic_pred_bound),
     )
+
+
+def _bound(run_dir: Path) -> float | None:
+    """A real run's balance bound (``lhr report``), None where its trace has none."""
+    return read_run(run_dir).bound_s
 
 
 def probe_ms(run_dir: Path) -> float | None:
@@ -802,14 +870,25 @@ def bracketed(before: Comparison, after: Comparison) -> Comparison:
         measured_hybrid_ratio=before.measured_hybrid_ratio,
         hybrid_speed_ratio=before.hybrid_speed_ratio,
         standalone_speed_with_hybrid=(before.standalone_speed_with_hybrid + after.standalone_speed_with_hybrid) / 2,
-        standalone_speed_measured=before.standalone_speed_measured,
+        standalone_speed_default=before.standalone_speed_default,
         machine_probe=None if None in probes else (probes[0] * probes[1]) ** 0.5,  # type: ignore[operator]
         speed_while_training=(
             (before.speed_while_training[0] + after.speed_while_training[0]) / 2,
             before.speed_while_training[1],
         ),
         bracketed=True,
+        bounds=_mean_bounds(before.bounds, after.bounds),
     )
+
+
+def _mean_bounds(
+    a: tuple[float | None, ...] | None, b: tuple[float | None, ...] | None
+) -> tuple[float | None, float | None, float | None, float | None] | None:
+    """Two comparisons' bounds averaged one by one (the same dynamic run: its real bound is the same in both)."""
+    if a is None or b is None:
+        return None
+    x = [None if u is None or v is None else (u + v) / 2 for u, v in zip(a, b, strict=True)]
+    return (x[0], x[1], x[2], x[3])
 
 
 def find_rounds(out: str | Path) -> list[tuple[str, list[Path], Path]]:
@@ -889,8 +968,8 @@ def main(argv: list[str] | None = None) -> Comparison | Rounds:
         "--standalone-speed-with-hybrid",
         type=float,
         default=None,
-        help="convert the standalone rate by this factor across the swap (default: the static run's own "
-        f"speed_while_training one way, {STANDALONE_SPEED_WITH_HYBRID:g} the other; Calibration.scenario_for)",
+        help="convert the standalone rate by this factor across the swap, both ways (default: the machine's "
+        f"figure, {STANDALONE_SPEED_WITH_HYBRID:g}; Calibration.scenario_for)",
     )
     args, rest = p.parse_known_args(argv)
     factors = {

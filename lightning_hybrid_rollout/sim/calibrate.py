@@ -44,10 +44,10 @@ Values are the totals' ratios (token-weighted), spreads the interquartile range 
 
 :meth:`Calibration.scenario_for` swaps the measured run for another of the same workload (another policy, static
 instead of dynamic): a prediction. The standalone rate converts between a run whose hybrid replicas serve and one
-where they never do: from a static fit by the run's own ``replica.speed_while_training`` (its standalone replicas'
-speed while the trainer's device is busy, which a serving run keeps busy nearly throughout), from a serving fit by
-:data:`STANDALONE_SPEED_WITH_HYBRID` (an assumption); ``benchmarks/planner_fidelity.py`` measures how well the swap
-predicts, issue #15.
+where they never do, in both directions by :data:`STANDALONE_SPEED_WITH_HYBRID` (the standalone replicas' speed
+beside a busy trainer device, which a serving run keeps busy nearly throughout: a figure of the machine, not the
+run's own ``replica.speed_while_training``, which does not carry over from one run to the next);
+``benchmarks/planner_fidelity.py`` measures how well the swap predicts, issue #15.
 
 The pieces: the result types (:mod:`~lightning_hybrid_rollout.sim.calibration`), the run's files and trace cycles
 (:mod:`~lightning_hybrid_rollout.sim.run_reading`), the decode rates (:mod:`~lightning_hybrid_rollout.sim.rate_fit`),

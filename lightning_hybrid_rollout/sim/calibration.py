@@ -30,16 +30,20 @@ __all__ = [
 
 #: A run whose hybrid replicas never served (a static run) cannot measure their speed: their ``tokens_per_s`` is
 #: assumed this fraction of the standalone replicas' (``ρ``, the bound's hybrid/standalone ratio within one run).
-#: 0.73: the middle of the 0.70-0.76 the CPU miniature's dynamic runs measured (docs/cpu_miniature.md, issue #14),
-#: where the hybrid replica shares the trainer's core; ``calibrate(..., hybrid_speed_ratio=)`` overrides it.
-HYBRID_SPEED_RATIO = 0.73
-#: The standalone replicas' speed in a run whose hybrid replicas serve, over their speed in a run where they never
-#: do, where no run measured it: :meth:`Calibration.scenario_for` converts a *static* fit by what that run measured
-#: itself (its ``replica.speed_while_training``: the trainer's device busy slows the standalone replicas as much
-#: whether it trains or serves), a *serving* fit back to a static run by this factor (a serving run slows its
-#: standalone replicas in every phase alike and cannot tell by how much). 1.0: no slowdown assumed;
-#: ``scenario_for(..., standalone_speed_with_hybrid=)`` sets the factor for both directions.
-STANDALONE_SPEED_WITH_HYBRID = 1.0
+#: 0.71: the median of the 37 CPU-miniature ``rate_matched`` runs of 2026-12-04 (stops 32-33; quartiles 0.68-0.74),
+#: where the hybrid replica shares the trainer's core (docs/simulator.md, "The machine's two figures");
+#: ``calibrate(..., hybrid_speed_ratio=)`` overrides it. Another cluster: its own dynamic run's ``ρ`` (``lhr report``).
+HYBRID_SPEED_RATIO = 0.71
+#: The standalone replicas' speed beside a busy trainer device (training, or lent to a hybrid replica) over their
+#: speed beside an idle one: the factor :meth:`Calibration.scenario_for` converts their rate by between a static run
+#: and one whose hybrid replicas serve (the trainer's device busy nearly throughout), in both directions. A figure of
+#: the machine, not of one run: 0.91 is the median ``replica.speed_while_training`` of the 52 static CPU-miniature
+#: runs of 2026-12-04 (stops 32-33; quartiles 0.87-0.94), where the trainer's core and the standalone replica's share
+#: caches and memory bandwidth. One run's own ``speed_while_training`` does not carry over to the next (two static runs
+#: minutes apart correlate at r = 0.35, and the dynamic run's slowdown not at all: docs/simulator.md). Where the
+#: rollout devices share nothing with the trainer's (a GPU of their own) it is 1.0:
+#: ``scenario_for(..., standalone_speed_with_hybrid=1.0)``.
+STANDALONE_SPEED_WITH_HYBRID = 0.91
 #: The source of a number the run did not record.
 NOT_MEASURED = "default, not measured"
 
@@ -84,6 +88,9 @@ class Calibration:
     notes: list[str] = field(default_factory=list)
     hybrid_served: bool = False
     hybrid_speed_ratio: float | None = None
+    #: The conversion factor :meth:`scenario_for` uses when given none (None: :data:`STANDALONE_SPEED_WITH_HYBRID`);
+    #: ``lhr plan --from-run RUN_DIR --standalone-speed-with-hybrid F`` sets it.
+    standalone_factor: float | None = None
 
     def scenario_for(
         self,
@@ -96,19 +103,18 @@ class Calibration:
         workload on the same machine (another policy, static instead of dynamic, other options, another split).
 
         The standalone replicas' rate is converted between a run whose hybrid replicas serve and one where they
-        never do (``run`` is static, or its policy is ``static_fully_async``):
+        never do (``run`` is static, or its policy is ``static_fully_async``), by ``f`` =
+        ``standalone_speed_with_hybrid`` (default :data:`STANDALONE_SPEED_WITH_HYBRID`, a figure of the machine): in
+        the serving run the trainer's device is busy nearly all the time (training, or lending itself to a hybrid
+        replica), in the static run only while it trains. So:
 
-        - from a static fit to a serving run, by default (``standalone_speed_with_hybrid=None``) by what the static
-          run measured itself: its standalone replicas kept ``replica.speed_while_training`` of their speed while the
-          trainer's device was busy training, and in the serving run the trainer's device is busy nearly all the
-          time (training, or lending itself to a hybrid replica), so the predicted run's standalone rate is the
-          fitted rate × ``speed_while_training`` throughout (its ``speed_while_training`` 1.0: not slowed twice).
-          Where the replicas kept their speed while the trainer trained (another node, a GPU of their own) the
-          fitted factor is 1.0 and nothing changes. A given ``standalone_speed_with_hybrid`` multiplies the rate
-          instead, ``speed_while_training`` kept;
-        - from a serving fit to a static run, divided by ``standalone_speed_with_hybrid`` (default
-          :data:`STANDALONE_SPEED_WITH_HYBRID`): a serving run slows its standalone replicas in every phase alike,
-          so it cannot measure by how much.
+        - from a static fit to a serving run: the fitted rate (beside an idle trainer device) × ``f`` throughout,
+          its ``speed_while_training`` 1.0 (not slowed again while training);
+        - from a serving fit to a static run: the fitted rate / ``f`` beside an idle trainer device, its
+          ``speed_while_training`` ``f`` (back to the serving run's rate while the trainer trains).
+
+        The static fit's own ``replica.speed_while_training`` is kept for static runs (it is that run's
+        measurement) and is not the default ``f``: on the CPU miniature it does not carry over to another run.
 
         Where the fitted run never measured the hybrid replicas, their rate is ``hybrid_speed_ratio`` (default: the
         fit's, :data:`HYBRID_SPEED_RATIO`) × the converted standalone rate.
@@ -117,7 +123,7 @@ class Calibration:
             run: The run to predict (a :class:`~lightning_hybrid_rollout.sim.scenario.RunSpec` or its mapping:
                 ``name``, ``train_devices``, ``rollout_devices``, ``hybrid``, ``async_training`` of
                 :data:`~lightning_hybrid_rollout.sim.scenario.RUN_KEYS`).
-            standalone_speed_with_hybrid: The conversion factor (0 < f); None: measured (above).
+            standalone_speed_with_hybrid: The conversion factor (0 < f); None: :meth:`standalone_speed_with_hybrid`.
             hybrid_speed_ratio: ``ρ`` when the fit did not measure it (ignored when it did).
 
         Raises:
@@ -139,13 +145,13 @@ class Calibration:
         serves = spec.hybrid and spec.policy != "static_fully_async"
         v = self.scenario.replica.tokens_per_s
         average = self.standalone_average_over_outside  # the standalone replicas' average over their rate outside
-        if self.hybrid_served and not serves:
+        if self.hybrid_served and not serves:  # beside an idle trainer device / f, back to the fitted rate in training
             v /= f
-        elif serves and not self.hybrid_served:
+            data["replica"] = {**data["replica"], "speed_while_training": f}
+        elif serves and not self.hybrid_served:  # slowed throughout, not again while training
             v *= f
-            if standalone_speed_with_hybrid is None:  # measured: slowed throughout, not again while training
-                data["replica"] = {**data["replica"], "speed_while_training": 1.0}
-                average = 1.0
+            data["replica"] = {**data["replica"], "speed_while_training": 1.0}
+            average = 1.0
         data["replica"] = {**data["replica"], "tokens_per_s": v}
         if self.hybrid_speed_ratio is not None and rho is not None:  # not measured: follows the standalone rate
             hybrid = data["hybrid_replica"] or dict(data["replica"])
@@ -154,13 +160,11 @@ class Calibration:
 
     def standalone_speed_with_hybrid(self, given: float | None = None) -> float:
         """The factor :meth:`scenario_for` converts the standalone replicas' rate by between a static run and a
-        serving one: ``given``; else, from a static fit, the fitted ``replica.speed_while_training``; else (a serving
-        fit) :data:`STANDALONE_SPEED_WITH_HYBRID`."""
+        serving one: ``given``, else the calibration's ``standalone_factor``, else
+        :data:`STANDALONE_SPEED_WITH_HYBRID`."""
         if given is not None:
             return float(given)
-        if not self.hybrid_served:
-            return float(self.scenario.replica.speed_while_training)
-        return STANDALONE_SPEED_WITH_HYBRID
+        return STANDALONE_SPEED_WITH_HYBRID if self.standalone_factor is None else float(self.standalone_factor)
 
     @property
     def standalone_average_over_outside(self) -> float:

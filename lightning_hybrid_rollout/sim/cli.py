@@ -38,13 +38,14 @@ Example::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from lightning_hybrid_rollout.sim.calibration import Calibration
+from lightning_hybrid_rollout.sim.calibration import HYBRID_SPEED_RATIO, STANDALONE_SPEED_WITH_HYBRID, Calibration
 from lightning_hybrid_rollout.sim.presets import get_preset, preset_names
 from lightning_hybrid_rollout.sim.runner import (
     BREAKDOWN_HELP,
@@ -432,6 +433,21 @@ def _plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="override the scenario's number of param versions (sync cycles)")
     p.add_argument("--model-gb", type=float, help="with --sync-gbps: standalone weight sync = model-gb x 8 / sync-gbps")
     p.add_argument("--sync-gbps", type=float, help="trainer -> standalone replica bandwidth, Gbit/s (with --model-gb)")
+    p.add_argument(
+        "--hybrid-speed-ratio",
+        type=float,
+        metavar="R",
+        help="with --from-run: a static pilot's assumed hybrid / standalone decode rate (default "
+        f"{HYBRID_SPEED_RATIO:g}, a CPU host's; 1.0 where a hybrid replica's device is as fast as a standalone one's)",
+    )
+    p.add_argument(
+        "--standalone-speed-with-hybrid",
+        type=float,
+        metavar="F",
+        help="with --from-run: the standalone replicas' speed beside a busy trainer device over beside an idle one, "
+        f"converting the pilot's rate for candidates of the other kind (default {STANDALONE_SPEED_WITH_HYBRID:g}, "
+        "a CPU host's; 1.0 where the rollout devices share nothing with the trainer's)",
+    )
     return p
 
 
@@ -444,8 +460,17 @@ def _plan_scenario(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     out = sys.stderr if args.json else sys.stdout
     source: Scenario | Calibration
     try:
+        if (args.hybrid_speed_ratio, args.standalone_speed_with_hybrid) != (None, None) and not args.from_run:
+            parser.error("--hybrid-speed-ratio and --standalone-speed-with-hybrid convert a pilot run: use --from-run")
+        for flag, value in (
+            ("--hybrid-speed-ratio", args.hybrid_speed_ratio),
+            ("--standalone-speed-with-hybrid", args.standalone_speed_with_hybrid),
+        ):
+            if value is not None and not value > 0:
+                parser.error(f"{flag} must be > 0, got {value}")
         if args.from_run:
-            source = calibrate_run(args.from_run)
+            source = calibrate_run(args.from_run, hybrid_speed_ratio=args.hybrid_speed_ratio)
+            source = dataclasses.replace(source, standalone_factor=args.standalone_speed_with_hybrid)
             print(
                 f"workload fitted to {args.from_run} (`lhr simulate --from-run {args.from_run} --fit-only` prints "
                 "every number with its spread and source)",

@@ -9,7 +9,10 @@ real side only: the prediction of the dynamic run reads nothing of it but its co
 Rounds (``--repeats`` / ``--reuse OUT``): the recorded pair copied as rounds r1, r2, r3, one round's dynamic trace
 stretched (a round where the machine drifted); the medians over the rounds ignore that round, its own lines show it.
 ``compare`` is memoised on its inputs' bytes here (the simulator is deterministic: one pair's comparison is the
-same every time), so the file runs each distinct pair once.
+same every time), so the file runs each distinct pair once. It converts the standalone rate across the swap by
+:data:`PAIR_CONTENTION` unless a test gives a factor: the pair (2026-12-02) was recorded where its standalone replica
+decoded as fast in the dynamic run as in the static one (1.00x; docs/simulator.md), so the machine's figure for
+it is 1.0, not today's default.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from lightning_hybrid_rollout.sim.calibrate import CalibrationError
 ROOT = Path(__file__).resolve().parents[2]
 PAIR = ROOT / "tests" / "data" / "planner_fidelity_pair"
 STATIC, DYNAMIC = PAIR / "static_fully_async_r1", PAIR / "rate_matched_r1"
+#: The standalone replica's speed in the pair's dynamic run over its static run's, as that pair measured it.
+PAIR_CONTENTION = 1.0
 
 
 def _digest(run_dir: Path) -> str:
@@ -55,6 +60,8 @@ def _bench() -> Any:
 
     def compare(static_dir: Path, dynamic_dir: Path, **factors: float) -> Any:
         factors = {**defaults, **factors}
+        if factors.get("standalone_speed_with_hybrid") is None:
+            factors["standalone_speed_with_hybrid"] = PAIR_CONTENTION
         key = (_digest(static_dir), _digest(dynamic_dir), tuple(sorted(factors.items())))
         if key not in memo:
             memo[key] = real_compare(static_dir, dynamic_dir, **factors)
@@ -193,6 +200,36 @@ def test_the_medians_over_rounds_ignore_one_drifted_round_that_its_own_lines_sho
     row = next(line for line in lines if line.startswith("rate_matched") and f"{base_signed}, {r2_signed}," in line)
     assert row.split()[-1] == f"{base.predictions[1].relative_error:.1%}"
     assert "r2 0.80x / 0.80x" in text
+
+
+def test_each_speedup_splits_into_the_scheduling_and_the_machine_factor_real_and_predicted(tmp_path, capsys):
+    """Each speedup, real and predicted, as ``cpu_miniature``'s two factors: machine = the static run's balance bound
+    over the dynamic run's (``lhr report``'s, of the real and of the simulated trace alike), scheduling = the rest
+    (the dynamic run's efficiency over the static run's). On the recorded pair the simulated schedule is the real
+    one within 5%; a dynamic run on a machine 1.25x as slow moves the real machine factor, not the scheduling one."""
+    bench = _bench()
+    base = bench.compare(STATIC, DYNAMIC)
+    (rs, rm), (ps, pm) = base.factors()
+    real_static, real_dynamic = read_run(STATIC), read_run(DYNAMIC)
+    assert rm == pytest.approx(real_static.bound_s / real_dynamic.bound_s, rel=1e-9)
+    assert rs == pytest.approx(real_dynamic.efficiency / real_static.efficiency, rel=1e-3)
+    assert rs * rm == pytest.approx(base.real_speedup, rel=1e-9)
+    assert ps * pm == pytest.approx(base.predicted_speedup, rel=1e-9)
+    assert ps == pytest.approx(rs, rel=0.05) and pm == pytest.approx(rm, rel=0.05)
+
+    static_dir, dynamic_dir = _copy_pair(tmp_path)
+    _stretch(dynamic_dir / "trace.json", 1.25)
+    (slow_s, slow_m), predicted = bench.compare(static_dir, dynamic_dir).factors()
+    assert slow_s == pytest.approx(rs, rel=0.01) and slow_m == pytest.approx(rm / 1.25, rel=0.01)
+    assert predicted == pytest.approx((ps, pm), rel=1e-9)  # the prediction reads nothing of the dynamic run's trace
+
+    rounds = bench.main(["--reuse", str(_rounds_out(tmp_path, {}, n=1, bracket=True))])
+    text = capsys.readouterr().out
+    assert f"real scheduling {rs:.3f} x machine {rm:.3f} = {base.real_speedup:.3f}" in text
+    assert f"predicted {ps:.3f} x {pm:.3f} = {base.predicted_speedup:.3f}" in text
+    assert f"medians: scheduling {rs:.3f} / {ps:.3f}, machine {rm:.3f} / {pm:.3f}" in text
+    (bracket_real, bracket_predicted) = rounds.rounds[0][1].factors()  # both static runs the recorded one
+    assert (*bracket_real, *bracket_predicted) == pytest.approx((rs, rm, ps, pm), rel=1e-9)
 
 
 def test_a_real_run_passes_repeats_and_compares_every_round(tmp_path, monkeypatch, capsys):
@@ -378,6 +415,11 @@ def test_a_bracketed_round_cancels_a_machine_drift_linear_across_its_three_runs(
         assert p.predicted_s == pytest.approx((a.predicted_s + b.predicted_s) / 2)
     assert c.real_speedup == pytest.approx(c.predictions[0].real_s / c.predictions[1].real_s)
     assert c.predicted_speedup == pytest.approx(c.predictions[0].predicted_s / c.predictions[1].predicted_s)
+    # the machine factor: the static runs' mean bound over the dynamic run's; the two factors still multiply out
+    (real_scheduling, real_machine), (predicted_scheduling, predicted_machine) = c.factors()
+    assert real_machine == pytest.approx((before.bounds[0] + after.bounds[0]) / 2 / before.bounds[1], rel=1e-9)
+    assert real_scheduling * real_machine == pytest.approx(c.real_speedup, rel=1e-9)
+    assert predicted_scheduling * predicted_machine == pytest.approx(c.predicted_speedup, rel=1e-9)
     # ... which cancels the linear drift: the recorded pair's errors, within a percent
     for p, q in zip(c.predictions, base.predictions):
         assert p.predicted_s / p.real_s == pytest.approx(q.predicted_s / q.real_s, abs=0.015)

@@ -260,8 +260,8 @@ def test_scenario_for_converts_the_standalone_rate_and_assumes_the_hybrid_one():
     assumed = static.parameter("hybrid_replica.tokens_per_s")
     assert not assumed.measured and "hybrid_speed_ratio" in assumed.source
     assert static.scenario.hybrid_model.tokens_per_s == pytest.approx(HYBRID_SPEED_RATIO * v)
-    # static fit -> a run whose hybrid replica serves: the standalone rate x f (1.0 by default), the hybrid one
-    # follows it
+    # static fit -> a run whose hybrid replica serves: the standalone rate x f (the machine's figure by default),
+    # the hybrid one follows it
     sc = static.scenario_for(DYNAMIC_RUN)
     assert [r.name for r in sc.runs] == ["dynamic"] and sc.runs[0].policy == "rate_matched"
     assert sc.replica.tokens_per_s == pytest.approx(STANDALONE_SPEED_WITH_HYBRID * v)
@@ -272,13 +272,16 @@ def test_scenario_for_converts_the_standalone_rate_and_assumes_the_hybrid_one():
     assert same.replica.tokens_per_s == pytest.approx(v)
     with pytest.raises(CalibrationError, match="must be > 0"):
         static.scenario_for(DYNAMIC_RUN, standalone_speed_with_hybrid=0.0)
-    # dynamic fit -> the static run: the standalone rate / f, the measured hybrid rate kept
+    # dynamic fit -> the static run: the standalone rate / f beside an idle trainer core, back to the fitted rate
+    # (f of it) while the static run's trainer trains; the measured hybrid rate kept
     dynamic = calibrate_run(PAIR / "rate_matched_r1")
     assert dynamic.hybrid_served and dynamic.hybrid_speed_ratio is None
     assert dynamic.standalone_speed_with_hybrid() == STANDALONE_SPEED_WITH_HYBRID  # not measurable from a serving run
     assert dynamic.parameter("hybrid_replica.tokens_per_s").measured
     back = dynamic.scenario_for(STATIC_RUN, standalone_speed_with_hybrid=0.8)
     assert back.replica.tokens_per_s == pytest.approx(dynamic.scenario.replica.tokens_per_s / 0.8)
+    assert back.replica.speed_while_training == 0.8
+    assert dynamic.scenario_for(STATIC_RUN).replica.speed_while_training == STANDALONE_SPEED_WITH_HYBRID
     assert back.hybrid_model.tokens_per_s == dynamic.scenario.hybrid_model.tokens_per_s
     assert dynamic.scenario_for(DYNAMIC_RUN, standalone_speed_with_hybrid=0.8).replica.tokens_per_s == pytest.approx(
         dynamic.scenario.replica.tokens_per_s
@@ -369,22 +372,21 @@ def test_a_real_run_measures_its_standalone_replica_slower_while_the_trainer_tra
     hybrid = fit.scenario.hybrid_model.tokens_per_s
     assert hybrid == pytest.approx(HYBRID_SPEED_RATIO * fit.scenario.replica.tokens_per_s * mix)
     # swapped for a dynamic run (the trainer's core busy nearly throughout, training or lent to the hybrid replica):
-    # the standalone rate x the measured speed_while_training throughout, not slowed again while training; the
-    # assumed hybrid rate follows that rate (the standalone replica's average there)
-    assert fit.standalone_speed_with_hybrid() == p.value
+    # the standalone rate x the machine's figure throughout, not the run's own speed_while_training (which does not
+    # carry over to another run), not slowed again while training; the assumed hybrid rate follows that rate
+    assert fit.standalone_speed_with_hybrid() == STANDALONE_SPEED_WITH_HYBRID != p.value
     swapped = fit.scenario_for(DYNAMIC_RUN)
-    assert swapped.replica.tokens_per_s == pytest.approx(p.value * fit.scenario.replica.tokens_per_s, rel=1e-9)
+    v = fit.scenario.replica.tokens_per_s
+    assert swapped.replica.tokens_per_s == pytest.approx(STANDALONE_SPEED_WITH_HYBRID * v, rel=1e-9)
     assert swapped.replica.speed_while_training == 1.0
     assert swapped.hybrid_model.tokens_per_s == pytest.approx(
         HYBRID_SPEED_RATIO * swapped.replica.tokens_per_s, rel=1e-9
     )
-    # a given factor multiplies the rate instead, the fitted slowdown while training kept
+    # a given factor the same way (1.0: a machine whose rollout devices share nothing with the trainer's)
     given = fit.scenario_for(DYNAMIC_RUN, standalone_speed_with_hybrid=1.0)
-    assert given.replica.tokens_per_s == pytest.approx(fit.scenario.replica.tokens_per_s, rel=1e-9)
-    assert given.replica.speed_while_training == p.value
-    assert given.hybrid_model.tokens_per_s == pytest.approx(
-        HYBRID_SPEED_RATIO * given.replica.tokens_per_s * mix, rel=1e-9
-    )
+    assert given.replica.tokens_per_s == pytest.approx(v, rel=1e-9)
+    assert given.replica.speed_while_training == 1.0
+    assert given.hybrid_model.tokens_per_s == pytest.approx(HYBRID_SPEED_RATIO * v, rel=1e-9)
     # the static run itself: as fitted
     same = fit.scenario_for(STATIC_RUN)
     assert (same.replica.tokens_per_s, same.replica.speed_while_training) == (

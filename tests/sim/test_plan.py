@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -182,21 +183,23 @@ def test_plan_from_a_recorded_run(capsys):
     assert doc["best_static"] in ("static_1_1", "static_1_1_staged_keep")
 
 
-def test_a_plan_from_a_static_pilot_slows_the_standalone_replicas_of_its_serving_candidates_as_measured():
+def test_a_plan_from_a_static_pilot_slows_the_standalone_replicas_of_its_serving_candidates_by_the_machine_figure():
     """``lhr plan --from-run`` plans from the pilot's Calibration: a serving candidate runs the standalone replicas at
-    the pilot's ``speed_while_training`` in every phase (``Calibration.scenario_for``, what planner_fidelity checks
-    against real runs), not only while the trainer trains; a candidate like the pilot runs as fitted."""
-    from lightning_hybrid_rollout.sim.calibrate import calibrate_run
+    ``STANDALONE_SPEED_WITH_HYBRID`` of the pilot's rate in every phase (``Calibration.scenario_for``, what
+    planner_fidelity checks against real runs), not the pilot's own ``speed_while_training`` (one run's figure does
+    not carry over to the next) and not only while the trainer trains; a candidate like the pilot runs as fitted."""
+    from lightning_hybrid_rollout.sim.calibrate import STANDALONE_SPEED_WITH_HYBRID, calibrate_run
     from lightning_hybrid_rollout.sim.runner import run_once
 
     fit = calibrate_run(PROBED_DIR)
-    factor = fit.scenario.replica.speed_while_training
-    assert factor < 0.95  # the recorded static pilot measured its standalone replica slowed while training
+    own = fit.scenario.replica.speed_while_training
+    assert own < 0.95 and own != pytest.approx(STANDALONE_SPEED_WITH_HYBRID, abs=1e-3)  # the pilot measured its own
     fit = with_base_scenario(fit, Scenario.from_dict({**fit.scenario.to_dict(), "steps": 4}))
     result = plan(fit, 2, policies=["rate_matched"], option_sets=["seed"])
     dynamic = result.row("dynamic_1_1_rate_matched").spec()
     converted = candidate_scenario(fit, dynamic)
-    assert converted.replica.tokens_per_s == pytest.approx(fit.scenario.replica.tokens_per_s * factor)
+    rate = fit.scenario.replica.tokens_per_s
+    assert converted.replica.tokens_per_s == pytest.approx(rate * STANDALONE_SPEED_WITH_HYBRID)
     assert converted.replica.speed_while_training == 1.0  # slowed throughout, not a second time while training
     assert result.row("dynamic_1_1_rate_matched").time_s == pytest.approx(run_once(converted, converted.runs[0]).time_s)
     unconverted = fit.scenario.with_runs([dynamic])
@@ -205,6 +208,27 @@ def test_a_plan_from_a_static_pilot_slows_the_standalone_replicas_of_its_serving
     assert candidate_scenario(fit, static).replica == fit.scenario.replica  # like the pilot: as fitted
     as_fitted = fit.scenario.with_runs([static])
     assert result.row("static_1_1").time_s == pytest.approx(run_once(as_fitted, as_fitted.runs[0]).time_s)
+    # another machine's figure (--standalone-speed-with-hybrid): 1.0, the pilot's rate kept
+    other = dataclasses.replace(fit, standalone_factor=1.0)
+    assert candidate_scenario(other, dynamic).replica.tokens_per_s == pytest.approx(rate)
+
+
+def test_plan_takes_the_machines_figures_for_a_pilot_from_the_command_line(capsys):
+    """``--standalone-speed-with-hybrid`` and ``--hybrid-speed-ratio`` reach the serving candidates of a static
+    pilot's plan: a cluster whose rollout devices share nothing with the trainer's (1.0, 1.0) plans them faster."""
+    base = ["--from-run", str(PROBED_DIR), "--devices", "2", "--json", "--policies", "rate_matched"]
+    base += ["--options", "seed", "--steps", "4"]
+    times = []
+    for extra in (
+        [],
+        ["--standalone-speed-with-hybrid", "1.0"],
+        ["--standalone-speed-with-hybrid", "1.0", "--hybrid-speed-ratio", "1.0"],
+    ):
+        assert plan_main(base + extra) == 0
+        rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+        times.append((rows["dynamic_1_1_rate_matched"]["time_s"], rows["static_1_1"]["time_s"]))
+    assert times[0][0] > times[1][0] > times[2][0]  # each figure at 1.0 speeds the serving candidate up
+    assert times[0][1] == times[1][1] == times[2][1]  # the static candidate runs like the pilot, as fitted
 
 
 def test_parallel_jobs_give_the_same_plan():
@@ -232,6 +256,8 @@ def test_sync_bandwidth_sets_the_standalone_sync_as_bytes_over_bandwidth():
         (["--preset", "seed", "--devices", "8", "--policies", "nope"], "unknown policy ['nope']"),
         (["--preset", "seed", "--devices", "8", "--model-gb", "70"], "--model-gb and --sync-gbps go together"),
         (["--devices", "8"], "one of the arguments --from-run --scenario --preset is required"),
+        (["--preset", "seed", "--devices", "4", "--hybrid-speed-ratio", "1"], "convert a pilot run: use --from-run"),
+        (["--from-run", "EMPTY", "--devices", "4", "--standalone-speed-with-hybrid", "0"], "must be > 0, got 0.0"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_exit_status_2(tmp_path, capsys, argv, message):
