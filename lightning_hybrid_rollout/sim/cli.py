@@ -476,6 +476,7 @@ def _plan_scenario(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
                 "every number with its spread and source)",
                 file=out,
             )
+            print(_conversion_line(source, ratio_given=args.hybrid_speed_ratio is not None), file=out)
         elif args.preset:
             source = get_preset(args.preset)
         else:
@@ -488,6 +489,30 @@ def _plan_scenario(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     except (CalibrationError, ScenarioError, OSError) as err:
         parser.error(str(err))
     return source
+
+
+def _conversion_line(fit: Calibration, ratio_given: bool = False) -> str:
+    """The machine's figures a pilot's plan converts its rates by for candidates of the other kind (static or
+    serving), and how to give another machine's."""
+    f = fit.standalone_speed_with_hybrid()
+    given = fit.standalone_factor is not None
+    parts = [
+        f"standalone_speed_with_hybrid {f:g} ("
+        + ("given" if given else "default: a 2-vCPU host's, where a busy trainer core slows the standalone replica")
+        + ")"
+    ]
+    if fit.hybrid_speed_ratio is not None:  # a pilot whose hybrid replicas never served: their rate is assumed
+        parts.append(
+            f"hybrid_speed_ratio {fit.hybrid_speed_ratio:g} ("
+            + ("given" if ratio_given else "default: the same host's")
+            + ")"
+        )
+    return (
+        "candidates of the other kind than the pilot convert its standalone rate by "
+        + " and ".join(parts)
+        + "; for your machine pass --standalone-speed-with-hybrid F --hybrid-speed-ratio R (1.0 each where the "
+        "replicas have devices of their own; docs/choosing_a_split.md, 'Scaling rules')"
+    )
 
 
 def _duration(seconds: float) -> str:

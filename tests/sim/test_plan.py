@@ -215,7 +215,10 @@ def test_a_plan_from_a_static_pilot_slows_the_standalone_replicas_of_its_serving
 
 def test_plan_takes_the_machines_figures_for_a_pilot_from_the_command_line(capsys):
     """``--standalone-speed-with-hybrid`` and ``--hybrid-speed-ratio`` reach the serving candidates of a static
-    pilot's plan: a cluster whose rollout devices share nothing with the trainer's (1.0, 1.0) plans them faster."""
+    pilot's plan: a cluster whose rollout devices share nothing with the trainer's (1.0, 1.0) plans them faster. The
+    plan says which figures it converted by, defaults or given."""
+    from lightning_hybrid_rollout.sim.calibrate import HYBRID_SPEED_RATIO, STANDALONE_SPEED_WITH_HYBRID
+
     base = ["--from-run", str(PROBED_DIR), "--devices", "2", "--json", "--policies", "rate_matched"]
     base += ["--options", "seed", "--steps", "4"]
     times = []
@@ -225,8 +228,14 @@ def test_plan_takes_the_machines_figures_for_a_pilot_from_the_command_line(capsy
         ["--standalone-speed-with-hybrid", "1.0", "--hybrid-speed-ratio", "1.0"],
     ):
         assert plan_main(base + extra) == 0
-        rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+        captured = capsys.readouterr()
+        rows = {r["name"]: r for r in json.loads(captured.out)["rows"]}
         times.append((rows["dynamic_1_1_rate_matched"]["time_s"], rows["static_1_1"]["time_s"]))
+        conversion = next(line for line in captured.err.splitlines() if line.startswith("candidates of the other"))
+        f = "1" if extra else f"{STANDALONE_SPEED_WITH_HYBRID:g}"
+        assert f"standalone_speed_with_hybrid {f} ({'given' if extra else 'default'}" in conversion
+        r = "1 (given)" if "--hybrid-speed-ratio" in extra else f"{HYBRID_SPEED_RATIO:g} (default"
+        assert f"hybrid_speed_ratio {r}" in conversion and "--standalone-speed-with-hybrid F" in conversion
     assert times[0][0] > times[1][0] > times[2][0]  # each figure at 1.0 speeds the serving candidate up
     assert times[0][1] == times[1][1] == times[2][1]  # the static candidate runs like the pilot, as fitted
 
