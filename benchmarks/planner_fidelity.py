@@ -51,7 +51,7 @@ it). From the target run it reads exactly these two ratios, nothing else: the tr
 ``trainer.device_s_per_token`` / the target run's (the printed "training" ratio, or its inverse), the decode ratio =
 the target run's ``info.standalone_tokens_per_s_per_replica`` / the calibration run's (the printed "standalone
 decode" ratio, or its inverse), divided by the factor ``scenario_for`` converted the static fit's standalone rate by
-(the static run's ``speed_while_training`` by default; multiplied the other way): that part of the measured ratio is
+(``standalone_speed_with_hybrid``, the machine's 0.91 by default, both ways): that part of the measured ratio is
 the swap's modelled contention, which ``scenario_for`` already applies, not the machine. Switch costs and everything
 else keep their calibrated values. The corrected error (and the speedup predicted from the corrected dynamic wall)
 says how much of a raw error is the model's and how much the machine's: what is left of it is what the model gets

@@ -29,10 +29,12 @@ __all__ = [
 ]
 
 #: A run whose hybrid replicas never served (a static run) cannot measure their speed: their ``tokens_per_s`` is
-#: assumed this fraction of the standalone replicas' (``ρ``, the bound's hybrid/standalone ratio within one run).
+#: assumed this fraction of the standalone replicas' (``ρ``: per replica, relative to their average rate).
 #: 0.71: the median of the 37 CPU-miniature ``rate_matched`` runs of 2026-12-04 (stops 32-33; quartiles 0.68-0.74),
 #: where the hybrid replica shares the trainer's core (docs/simulator.md, "The machine's two figures");
-#: ``calibrate(..., hybrid_speed_ratio=)`` overrides it. Another cluster: its own dynamic run's ``ρ`` (``lhr report``).
+#: ``calibrate(..., hybrid_speed_ratio=)`` overrides it. Another cluster: a dynamic run's fitted ratio there
+#: (``lhr simulate --from-run RUN --fit-only``: ``hybrid_replica.tokens_per_s`` over ``replica.tokens_per_s``; ``lhr
+#: report``'s per-device ``rho`` where both kinds of replica span as many devices).
 HYBRID_SPEED_RATIO = 0.71
 #: The standalone replicas' speed beside a busy trainer device (training, or lent to a hybrid replica) over their
 #: speed beside an idle one: the factor :meth:`Calibration.scenario_for` converts their rate by between a static run
@@ -114,7 +116,9 @@ class Calibration:
           ``speed_while_training`` ``f`` (back to the serving run's rate while the trainer trains).
 
         The static fit's own ``replica.speed_while_training`` is kept for static runs (it is that run's
-        measurement) and is not the default ``f``: on the CPU miniature it does not carry over to another run.
+        measurement) and is not the default ``f``: on the CPU miniature it does not carry over to another run. A
+        given ``f`` (or the calibration's ``standalone_factor``) is a machine's figure for every run, so a static run
+        from a static fit then takes it as its ``speed_while_training`` too (1.0: replicas on devices of their own).
 
         Where the fitted run never measured the hybrid replicas, their rate is ``hybrid_speed_ratio`` (default: the
         fit's, :data:`HYBRID_SPEED_RATIO`) × the converted standalone rate.
@@ -145,6 +149,7 @@ class Calibration:
         serves = spec.hybrid and spec.policy != "static_fully_async"
         v = self.scenario.replica.tokens_per_s
         average = self.standalone_average_over_outside  # the standalone replicas' average over their rate outside
+        given = standalone_speed_with_hybrid is not None or self.standalone_factor is not None
         if self.hybrid_served and not serves:  # beside an idle trainer device / f, back to the fitted rate in training
             v /= f
             data["replica"] = {**data["replica"], "speed_while_training": f}
@@ -152,6 +157,8 @@ class Calibration:
             v *= f
             data["replica"] = {**data["replica"], "speed_while_training": 1.0}
             average = 1.0
+        elif given and not serves:  # a static run on the machine given: slowed by f while its trainer trains
+            data["replica"] = {**data["replica"], "speed_while_training": f}
         data["replica"] = {**data["replica"], "tokens_per_s": v}
         if self.hybrid_speed_ratio is not None and rho is not None:  # not measured: follows the standalone rate
             hybrid = data["hybrid_replica"] or dict(data["replica"])

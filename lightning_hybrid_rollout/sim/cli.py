@@ -41,6 +41,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -438,7 +439,7 @@ def _plan_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="R",
         help="with --from-run: a static pilot's assumed hybrid / standalone decode rate (default "
-        f"{HYBRID_SPEED_RATIO:g}, a CPU host's; 1.0 where a hybrid replica's device is as fast as a standalone one's)",
+        f"{HYBRID_SPEED_RATIO:g}, a 2-vCPU host's; 1.0 where a hybrid replica decodes as fast as a standalone one)",
     )
     p.add_argument(
         "--standalone-speed-with-hybrid",
@@ -446,7 +447,8 @@ def _plan_parser() -> argparse.ArgumentParser:
         metavar="F",
         help="with --from-run: the standalone replicas' speed beside a busy trainer device over beside an idle one, "
         f"converting the pilot's rate for candidates of the other kind (default {STANDALONE_SPEED_WITH_HYBRID:g}, "
-        "a CPU host's; 1.0 where the rollout devices share nothing with the trainer's)",
+        "a 2-vCPU host's; 1.0 where the rollout devices share nothing with the trainer's; static candidates take a "
+        "given F as their speed_while_training too)",
     )
     return p
 
@@ -466,8 +468,8 @@ def _plan_scenario(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
             ("--hybrid-speed-ratio", args.hybrid_speed_ratio),
             ("--standalone-speed-with-hybrid", args.standalone_speed_with_hybrid),
         ):
-            if value is not None and not value > 0:
-                parser.error(f"{flag} must be > 0, got {value}")
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                parser.error(f"{flag} must be a finite number > 0, got {value}")
         if args.from_run:
             source = calibrate_run(args.from_run, hybrid_speed_ratio=args.hybrid_speed_ratio)
             source = dataclasses.replace(source, standalone_factor=args.standalone_speed_with_hybrid)
@@ -495,10 +497,13 @@ def _conversion_line(fit: Calibration, ratio_given: bool = False) -> str:
     """The machine's figures a pilot's plan converts its rates by for candidates of the other kind (static or
     serving), and how to give another machine's."""
     f = fit.standalone_speed_with_hybrid()
-    given = fit.standalone_factor is not None
     parts = [
         f"standalone_speed_with_hybrid {f:g} ("
-        + ("given" if given else "default: a 2-vCPU host's, where a busy trainer core slows the standalone replica")
+        + (
+            "given; static candidates' speed_while_training too"
+            if fit.standalone_factor is not None
+            else "default: a 2-vCPU host's, where a busy trainer core slows the standalone replica"
+        )
         + ")"
     ]
     if fit.hybrid_speed_ratio is not None:  # a pilot whose hybrid replicas never served: their rate is assumed
@@ -507,6 +512,8 @@ def _conversion_line(fit: Calibration, ratio_given: bool = False) -> str:
             + ("given" if ratio_given else "default: the same host's")
             + ")"
         )
+    elif ratio_given:
+        parts.append("the hybrid rate the pilot measured (--hybrid-speed-ratio ignored: its hybrid replicas served)")
     return (
         "candidates of the other kind than the pilot convert its standalone rate by "
         + " and ".join(parts)
@@ -624,7 +631,8 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``lhr plan`` (:mod:`lightning_hybrid_rollout.sim.plan`). Returns the exit status.
 
     ``lhr plan (--from-run RUN_DIR | --scenario FILE | --preset NAME) --devices N [--top K] [--json | --markdown]
-    [--plot DIR] [--jobs J] [--policies a,b] [--options a,b] [--steps N] [--model-gb GB --sync-gbps GBPS]``;
+    [--plot DIR] [--jobs J] [--policies a,b] [--options a,b] [--steps N] [--model-gb GB --sync-gbps GBPS]
+    [--standalone-speed-with-hybrid F] [--hybrid-speed-ratio R]``;
     ``--json`` prints exactly one JSON object (:meth:`Plan.to_json`)::
 
         {"scenario": str, "devices": int, "balance_bound_s": float, "best_static": str | null, "candidates": int,

@@ -384,9 +384,9 @@ def candidate_scenario(source: Scenario | Calibration, spec: RunSpec) -> Scenari
     A scenario runs every candidate as it is. A :class:`Calibration` (a pilot run's fit, ``lhr plan --from-run``)
     converts the standalone replicas' rate between a pilot whose hybrid replicas served and a candidate where they
     never do, or the other way round (:meth:`Calibration.scenario_for`, the conversion ``benchmarks/
-    planner_fidelity.py`` measures against real runs): a static pilot on a host whose trainer slowed its standalone
-    replicas while it trained (``replica.speed_while_training`` < 1) slows them alike in every phase of a candidate
-    whose hybrid replicas serve, where the trainer's devices are busy nearly throughout.
+    planner_fidelity.py`` measures against real runs): by the calibration's ``standalone_factor`` (``lhr plan
+    --standalone-speed-with-hybrid``), else the machine's ``STANDALONE_SPEED_WITH_HYBRID``, the standalone replicas'
+    speed beside a busy trainer device, which a candidate whose hybrid replicas serve keeps busy nearly throughout.
 
     Raises:
         CalibrationError: A candidate the calibration's conversion refuses.

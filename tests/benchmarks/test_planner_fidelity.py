@@ -17,6 +17,7 @@ it is 1.0, not today's default.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib.util
@@ -67,6 +68,7 @@ def _bench() -> Any:
             memo[key] = real_compare(static_dir, dynamic_dir, **factors)
         return memo[key]
 
+    compare.unmemoised = real_compare  # type: ignore[attr-defined]
     module.compare = compare  # compare_rounds and main call it through the module
     return module
 
@@ -213,9 +215,12 @@ def test_each_speedup_splits_into_the_scheduling_and_the_machine_factor_real_and
     real_static, real_dynamic = read_run(STATIC), read_run(DYNAMIC)
     assert rm == pytest.approx(real_static.bound_s / real_dynamic.bound_s, rel=1e-9)
     assert rs == pytest.approx(real_dynamic.efficiency / real_static.efficiency, rel=1e-3)
-    assert rs * rm == pytest.approx(base.real_speedup, rel=1e-9)
-    assert ps * pm == pytest.approx(base.predicted_speedup, rel=1e-9)
     assert ps == pytest.approx(rs, rel=0.05) and pm == pytest.approx(rm, rel=0.05)
+    # a run without a balance bound has no factors, and the rounds' line is left out
+    assert dataclasses.replace(base, bounds=(1.0, None, 1.0, 1.0)).factors() is None
+    assert dataclasses.replace(base, bounds=None).factors_line() is None
+    no_bound = bench.Rounds(rounds=[("r1", base), ("r2", dataclasses.replace(base, bounds=None))])
+    assert no_bound.factors_line() is None
 
     static_dir, dynamic_dir = _copy_pair(tmp_path)
     _stretch(dynamic_dir / "trace.json", 1.25)
@@ -230,6 +235,22 @@ def test_each_speedup_splits_into_the_scheduling_and_the_machine_factor_real_and
     assert f"medians: scheduling {rs:.3f} / {ps:.3f}, machine {rm:.3f} / {pm:.3f}" in text
     (bracket_real, bracket_predicted) = rounds.rounds[0][1].factors()  # both static runs the recorded one
     assert (*bracket_real, *bracket_predicted) == pytest.approx((rs, rm, ps, pm), rel=1e-9)
+
+
+def test_by_default_the_swap_converts_by_the_machines_figure_both_ways():
+    """Without a given factor (the benchmark's default, not the recorded pair's 1.0): the machine's
+    ``STANDALONE_SPEED_WITH_HYBRID`` both ways, said so on the assumptions' line; the dynamic run predicted slower and
+    the static run faster than at 1.0 (the standalone replica slowed beside the busy core)."""
+    from lightning_hybrid_rollout.sim.calibrate import STANDALONE_SPEED_WITH_HYBRID
+
+    bench = _bench()
+    default = bench.compare.unmemoised(STATIC, DYNAMIC)
+    at_one = bench.compare(STATIC, DYNAMIC)
+    assert default.standalone_speed_default and default.standalone_speed_with_hybrid == STANDALONE_SPEED_WITH_HYBRID
+    assert f"standalone_speed_with_hybrid {STANDALONE_SPEED_WITH_HYBRID:g} both ways" in default.assumed_line()
+    assert not at_one.standalone_speed_default and "1 (given)" in at_one.assumed_line()
+    assert default.predictions[1].predicted_s > at_one.predictions[1].predicted_s  # dynamic from static
+    assert default.predictions[2].predicted_s < at_one.predictions[2].predicted_s  # static from dynamic
 
 
 def test_a_real_run_passes_repeats_and_compares_every_round(tmp_path, monkeypatch, capsys):
@@ -416,10 +437,12 @@ def test_a_bracketed_round_cancels_a_machine_drift_linear_across_its_three_runs(
     assert c.real_speedup == pytest.approx(c.predictions[0].real_s / c.predictions[1].real_s)
     assert c.predicted_speedup == pytest.approx(c.predictions[0].predicted_s / c.predictions[1].predicted_s)
     # the machine factor: the static runs' mean bound over the dynamic run's; the two factors still multiply out
-    (real_scheduling, real_machine), (predicted_scheduling, predicted_machine) = c.factors()
+    (real_scheduling, real_machine), (_, predicted_machine) = c.factors()
     assert real_machine == pytest.approx((before.bounds[0] + after.bounds[0]) / 2 / before.bounds[1], rel=1e-9)
-    assert real_scheduling * real_machine == pytest.approx(c.real_speedup, rel=1e-9)
-    assert predicted_scheduling * predicted_machine == pytest.approx(c.predicted_speedup, rel=1e-9)
+    assert predicted_machine == pytest.approx(
+        (before.bounds[2] + after.bounds[2]) / (before.bounds[3] + after.bounds[3]), rel=1e-9
+    )
+    assert real_scheduling == pytest.approx(c.real_speedup / real_machine, rel=1e-9)
     # ... which cancels the linear drift: the recorded pair's errors, within a percent
     for p, q in zip(c.predictions, base.predictions):
         assert p.predicted_s / p.real_s == pytest.approx(q.predicted_s / q.real_s, abs=0.015)

@@ -268,8 +268,10 @@ def test_scenario_for_converts_the_standalone_rate_and_assumes_the_hybrid_one():
     assert sc.hybrid_model.tokens_per_s == pytest.approx(HYBRID_SPEED_RATIO * STANDALONE_SPEED_WITH_HYBRID * v)
     slower = static.scenario_for(DYNAMIC_RUN, standalone_speed_with_hybrid=0.8, hybrid_speed_ratio=0.5)
     assert (slower.replica.tokens_per_s, slower.hybrid_model.tokens_per_s) == pytest.approx((0.8 * v, 0.4 * v))
-    same = static.scenario_for(STATIC_RUN, standalone_speed_with_hybrid=0.8)  # no hybrid serving: as fitted
+    same = static.scenario_for(STATIC_RUN, standalone_speed_with_hybrid=0.8)  # no hybrid serving: its rate as fitted
     assert same.replica.tokens_per_s == pytest.approx(v)
+    assert same.replica.speed_while_training == 0.8  # a given machine figure: slowed by it while the trainer trains
+    assert static.scenario_for(STATIC_RUN).replica == static.scenario.replica  # by default: as fitted
     with pytest.raises(CalibrationError, match="must be > 0"):
         static.scenario_for(DYNAMIC_RUN, standalone_speed_with_hybrid=0.0)
     # dynamic fit -> the static run: the standalone rate / f beside an idle trainer core, back to the fitted rate

@@ -237,7 +237,16 @@ def test_plan_takes_the_machines_figures_for_a_pilot_from_the_command_line(capsy
         r = "1 (given)" if "--hybrid-speed-ratio" in extra else f"{HYBRID_SPEED_RATIO:g} (default"
         assert f"hybrid_speed_ratio {r}" in conversion and "--standalone-speed-with-hybrid F" in conversion
     assert times[0][0] > times[1][0] > times[2][0]  # each figure at 1.0 speeds the serving candidate up
-    assert times[0][1] == times[1][1] == times[2][1]  # the static candidate runs like the pilot, as fitted
+    # the static candidate: as the pilot measured itself by default; with F given, its replica slowed by F while the
+    # trainer trains (1.0: not at all, faster than the pilot's 0.918); rho does not touch it
+    assert times[0][1] > times[1][1] == times[2][1]
+
+
+def test_a_pilot_whose_hybrid_replicas_served_says_it_ignores_a_given_hybrid_speed_ratio(capsys):
+    argv = ["--from-run", str(RUN_DIR), "--devices", "2", "--json", "--policies", "default", "--options", "seed"]
+    assert plan_main([*argv, "--hybrid-speed-ratio", "0.5"]) == 0
+    err = capsys.readouterr().err
+    assert "the hybrid rate the pilot measured (--hybrid-speed-ratio ignored: its hybrid replicas served)" in err
 
 
 def test_parallel_jobs_give_the_same_plan():
@@ -266,7 +275,14 @@ def test_sync_bandwidth_sets_the_standalone_sync_as_bytes_over_bandwidth():
         (["--preset", "seed", "--devices", "8", "--model-gb", "70"], "--model-gb and --sync-gbps go together"),
         (["--devices", "8"], "one of the arguments --from-run --scenario --preset is required"),
         (["--preset", "seed", "--devices", "4", "--hybrid-speed-ratio", "1"], "convert a pilot run: use --from-run"),
-        (["--from-run", "EMPTY", "--devices", "4", "--standalone-speed-with-hybrid", "0"], "must be > 0, got 0.0"),
+        (
+            ["--from-run", "EMPTY", "--devices", "4", "--standalone-speed-with-hybrid", "0"],
+            "must be a finite number > 0",
+        ),
+        (
+            ["--from-run", "EMPTY", "--devices", "4", "--hybrid-speed-ratio", "inf"],
+            "must be a finite number > 0, got inf",
+        ),
     ],
 )
 def test_bad_input_is_one_clear_line_and_exit_status_2(tmp_path, capsys, argv, message):
