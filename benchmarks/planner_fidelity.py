@@ -219,7 +219,8 @@ def simulated_with_bound(scenario: Scenario) -> tuple[float, float, float | None
     with tempfile.TemporaryDirectory(prefix="lhr-fidelity-") as tmp:
         result = simulate(scenario, trace_dir=tmp).runs[0]
         assert result.trace_path is not None
-        return traced_wall(result.trace_path), result.version_lag_mean, read_run(result.trace_path).bound_s
+        report = read_run(result.trace_path)  # its wall_s is traced_wall's reading
+        return report.wall_s, result.version_lag_mean, report.bound_s
 
 
 def real_version_lag(run_dir: str | Path) -> float:
@@ -585,10 +586,9 @@ class Rounds:
     def factors_line(self) -> str | None:
         """The speedup's two factors per round and their medians, real / predicted (information); None where a
         round has none."""
-        per = [(label, c.factors()) for label, c in self.rounds]
-        if any(f is None for _, f in per):
+        rows = [(label, f) for label, c in self.rounds if (f := c.factors()) is not None]
+        if len(rows) < len(self.rounds):
             return None
-        rows = [(label, f) for label, f in per if f is not None]
 
         def med(k: int, i: int) -> float:
             return statistics.median(f[k][i] for _, f in rows)
@@ -708,8 +708,8 @@ def compare(
 ) -> Comparison:
     """Calibrate from each run, predict the other (and the static run itself), compare with the real walls."""
     static_dir, dynamic_dir = Path(static_dir), Path(dynamic_dir)
-    real_static = traced_wall(static_dir / "trace.json")
-    real_dynamic = traced_wall(dynamic_dir / "trace.json")
+    static_report, dynamic_report = read_run(static_dir), read_run(dynamic_dir)  # each trace read once
+    real_static, real_dynamic = static_report.wall_s, dynamic_report.wall_s  # the traced walls (traced_wall)
     factors = {"standalone_speed_with_hybrid": standalone_speed_with_hybrid}
 
     from_static = calibrate_run(static_dir, hybrid_speed_ratio=hybrid_speed_ratio)
@@ -806,13 +806,8 @@ def compare(
             from_static.scenario.replica.speed_while_training,
             from_dynamic.scenario.replica.speed_while_training,
         ),
-        bounds=(_bound(static_dir), _bound(dynamic_dir), static_self_bound, dynamic_pred_bound),
+        bounds=(static_report.bound_s, dynamic_report.bound_s, static_self_bound, dynamic_pred_bound),
     )
-
-
-def _bound(run_dir: Path) -> float | None:
-    """A real run's balance bound (``lhr report``), None where its trace has none."""
-    return read_run(run_dir).bound_s
 
 
 def probe_ms(run_dir: Path) -> float | None:
