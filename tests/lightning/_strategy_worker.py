@@ -196,6 +196,13 @@ def main() -> None:
     from lightning_hybrid_rollout.lightning.cli import close_process_group
 
     close_process_group()  # gloo's threads can otherwise abort the interpreter at exit
+    # DeepSpeed's engines stay reachable past ``gc.collect()`` (through hooks held by C++ objects), so the last of
+    # their gloo state is freed during interpreter finalization, where it still aborted about 1 run in 60
+    # ("terminate called without an active exception", exit -6, CI of 2026-12-05) after the verdict was written.
+    # The verdict is on disk and every collective has finished: leave without finalizing.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
