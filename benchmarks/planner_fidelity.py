@@ -75,8 +75,8 @@ the conversion: it does not carry over to the next run (docs/simulator.md, "The 
 Wall times compare like with like: the real one is the trainer's traced wall of the run's ``trace.json`` (its first
 ``trainer/trainer`` span to its last: what ``cpu_miniature`` prints as ``traced wall`` and divides the bound by);
 the predicted one is the same reading of the simulated run's trace (the simulator's first trainer span is at its
-time 0, the start decision, its last the final weight sync: its ``time_s``). Both by
-``lightning_hybrid_rollout.run_bound.trainer_breakdown``.
+time 0, the start decision, its last the final weight sync: its ``time_s``). Both by ``lhr report``'s reading
+(``lightning_hybrid_rollout.run_bound.read_run``: ``wall_s``, and ``bound_s`` for the speedup's two factors).
 
 Staleness (information, counted in no error figure): each table row also gives the mean version lag of the trained
 samples, real (the mean over the run's steps of ``train/staleness_mean``, ``param_version - weight_version_min``)
@@ -117,7 +117,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightning_hybrid_rollout.run_bound import read_run, trainer_breakdown
+from lightning_hybrid_rollout.run_bound import read_run
 from lightning_hybrid_rollout.sim import simulate
 from lightning_hybrid_rollout.sim.calibrate import (
     HYBRID_SPEED_RATIO,
@@ -128,7 +128,6 @@ from lightning_hybrid_rollout.sim.calibrate import (
     find_config,
 )
 from lightning_hybrid_rollout.sim.scenario import RUN_KEYS, Scenario
-from lightning_hybrid_rollout.trace import load_trace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, also when loaded by file path (tests)
 from machine_speed import STEADY_TOLERANCE, counted_rounds, probe_spread
@@ -148,12 +147,6 @@ def _miniature() -> Any:
     sys.modules.setdefault("cpu_miniature", module)
     spec.loader.exec_module(module)
     return module
-
-
-def traced_wall(trace_path: str | Path) -> float:
-    """The trainer's traced wall: its first ``trainer/trainer`` span's start to its last span's end (seconds)."""
-    _, start, end = trainer_breakdown(load_trace(trace_path))
-    return end - start
 
 
 def _saved_sections(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -203,23 +196,17 @@ def run_from_config(run_dir: str | Path, fit: Calibration, name: str) -> dict[st
 
 
 def simulated_wall(scenario: Scenario) -> float:
-    """The simulated run's traced wall (its trace read as a real one's: :func:`traced_wall`)."""
+    """The simulated run's traced wall (:func:`simulated`)."""
     return simulated(scenario)[0]
 
 
-def simulated(scenario: Scenario) -> tuple[float, float]:
-    """The simulated run's traced wall (:func:`simulated_wall`) and its mean version lag (``version_lag_mean``)."""
-    wall, lag, _ = simulated_with_bound(scenario)
-    return wall, lag
-
-
-def simulated_with_bound(scenario: Scenario) -> tuple[float, float, float | None]:
-    """:func:`simulated` and the simulated trace's balance bound, read as a real run's (``lhr report``'s
-    ``read_run``: None where it has none)."""
+def simulated(scenario: Scenario) -> tuple[float, float, float | None]:
+    """The simulated run's traced wall, its mean version lag (``version_lag_mean``) and its balance bound, its trace
+    read as a real run's (``lhr report``'s ``read_run``; the bound None where it has none)."""
     with tempfile.TemporaryDirectory(prefix="lhr-fidelity-") as tmp:
         result = simulate(scenario, trace_dir=tmp).runs[0]
         assert result.trace_path is not None
-        report = read_run(result.trace_path)  # its wall_s is traced_wall's reading
+        report = read_run(result.trace_path)
         return report.wall_s, result.version_lag_mean, report.bound_s
 
 
@@ -709,23 +696,21 @@ def compare(
     """Calibrate from each run, predict the other (and the static run itself), compare with the real walls."""
     static_dir, dynamic_dir = Path(static_dir), Path(dynamic_dir)
     static_report, dynamic_report = read_run(static_dir), read_run(dynamic_dir)  # each trace read once
-    real_static, real_dynamic = static_report.wall_s, dynamic_report.wall_s  # the traced walls (traced_wall)
+    real_static, real_dynamic = static_report.wall_s, dynamic_report.wall_s  # the traced walls
     factors = {"standalone_speed_with_hybrid": standalone_speed_with_hybrid}
 
     from_static = calibrate_run(static_dir, hybrid_speed_ratio=hybrid_speed_ratio)
     static_run = run_from_config(static_dir, from_static, STATIC)
     dynamic_run = run_from_config(dynamic_dir, from_static, DYNAMIC)  # its configuration only
     dynamic_scenario = from_static.scenario_for(dynamic_run, **factors)
-    static_self, static_self_lag, static_self_bound = simulated_with_bound(
-        from_static.scenario_for(static_run, **factors)
-    )
-    dynamic_pred, dynamic_pred_lag, dynamic_pred_bound = simulated_with_bound(dynamic_scenario)
+    static_self, static_self_lag, static_self_bound = simulated(from_static.scenario_for(static_run, **factors))
+    dynamic_pred, dynamic_pred_lag, dynamic_pred_bound = simulated(dynamic_scenario)
 
     from_dynamic = calibrate_run(dynamic_dir, hybrid_speed_ratio=hybrid_speed_ratio)
     static_from_dynamic = run_from_config(static_dir, from_dynamic, STATIC)
     static_scenario = from_dynamic.scenario_for(static_from_dynamic, **factors)
-    static_pred, static_pred_lag = simulated(static_scenario)
-    dynamic_self, dynamic_self_lag = simulated(
+    static_pred, static_pred_lag, _ = simulated(static_scenario)
+    dynamic_self, dynamic_self_lag, _ = simulated(
         from_dynamic.scenario_for(run_from_config(dynamic_dir, from_dynamic, DYNAMIC))
     )
     lag_static, lag_dynamic = real_version_lag(static_dir), real_version_lag(dynamic_dir)
