@@ -10,7 +10,8 @@ the same tiny model (built and format-warmed once), the same seed and the same n
 - ``rate_matched`` (lends on measured rates) and ``hysteresis_ratio`` (verl v1 ``separate_async``'s rule, starting
   from its own ratio 0.4, ``--hysteresis-start-ratio``); ``--policies`` picks a subset.
 
-The workload is rollout-bound the way real LLM RL is (DESIGN §7): every response is long and sequential (the copy
+The workload is rollout-bound the way real LLM RL is (design/notes.md §7): every response is long and sequential (the
+copy
 task on 16-character strings: 17 tokens per response, up to 24 allowed), 8 samples per prompt, 256 samples per
 optimizer step, DAPO's loss-level group filter (``filter_groups=True``), and a small model (hidden 64, 2 layers), so
 that generating a step's samples on one core takes two to three times as long as training on them (G / W 2.0-2.3 on
@@ -263,7 +264,7 @@ def _worker(spec_path: str) -> None:
 
 
 def _build_model(model_dir: Path, args: argparse.Namespace) -> float:
-    """Build the tiny model once and teach it the task's answer shape (random answers: DESIGN §7)."""
+    """Build the tiny model once and teach it the task's answer shape (random answers: design/notes.md §7)."""
     from transformers.utils import logging as hf_logging
 
     from lightning_hybrid_rollout.tasks import get_task

@@ -10,7 +10,7 @@ cancels; the first ``--warmup`` steps of each are not counted. It prints each mo
 LAST line, ``shared / plain step time: X.XX``.
 
 By default the model is the CPU miniature's (the tiny char-level Llama, hidden 64, 2 layers, built in a temporary
-directory); ``--model PATH`` takes any Hugging Face causal LM directory (e.g. SmolLM2-135M-Instruct, DESIGN §8:
+directory); ``--model PATH`` takes any Hugging Face causal LM directory (e.g. SmolLM2-135M-Instruct, design/notes.md §8:
 use smaller ``--groups``).
 
 Usage::

@@ -1,4 +1,4 @@
-"""Typed, validated configuration with the seed's parameter names (seed §2).
+"""Typed, validated configuration with the seed's parameter names (design/scheduling.md §2).
 
 Three dataclasses:
 
@@ -293,7 +293,7 @@ def derived_counts(
 
 @dataclass
 class AsyncTrainingConfig(_ConfigBase):
-    """The ``async_training`` section (seed §2): dynamic resource scheduling and fully-async staleness.
+    """The ``async_training`` section (design/scheduling.md §2): dynamic resource scheduling and fully-async staleness.
 
     Derived sample counts (read these, never recompute them elsewhere): :attr:`required_samples`,
     :attr:`step_required_samples`, :attr:`max_required_samples`, :attr:`buffer_samples`, all from
@@ -302,7 +302,7 @@ class AsyncTrainingConfig(_ConfigBase):
 
     SECTION: ClassVar[str] = "async_training"
 
-    # --- Parameters that control dynamic resource scheduling (seed §2, "Core Parameters") -----------------------
+    # --- Parameters that control dynamic resource scheduling (design/scheduling.md §2, "Core Parameters")
 
     use_dynamic_resource_scheduling: bool = True
     """Lend hybrid replicas (on the trainer's devices) to rollout while the trainer waits. False = plain
@@ -354,7 +354,7 @@ class AsyncTrainingConfig(_ConfigBase):
     version stays exact (the KV cache of the tokens before it is the old weights': the engine's logprobs, which the
     loss uses as the behaviour policy, are what was sampled)."""
 
-    # --- Parameters of fully-async training used by dynamic scheduling (seed §2, "Existing Async-Training") -----
+    # --- Parameters of fully-async training used by dynamic scheduling (design/scheduling.md §2)
 
     staleness_threshold: float = 0.1
     """Fraction of extra samples the rollouter may generate ahead of the trainer, under older weights. Sets
@@ -532,7 +532,7 @@ class TinyModelConfig(_ConfigBase):
 
     format_warmup_steps: int = 0
     """Supervised warm-up steps on the task's answer *shape* (random answers) right after the build, so a
-    random-init model learns the format before RL (DESIGN §7). 0 disables it."""
+    random-init model learns the format before RL (design/notes.md §7). 0 disables it."""
 
     def __post_init__(self) -> None:
         c = _Checker(self.SECTION)
@@ -951,7 +951,7 @@ class HybridRolloutConfig(_ConfigBase):
 
     def rollout_capacity(self, active_servers: int) -> int:
         """The rollouter's concurrency cap with ``active_servers`` replicas routed:
-        ``min(active_servers * concurrent_samples_per_replica, max_required_samples)`` (seed §4.2)."""
+        ``min(active_servers * concurrent_samples_per_replica, max_required_samples)`` (design/scheduling.md §4.2)."""
         from lightning_hybrid_rollout.metrics import rollout_capacity
 
         return rollout_capacity(

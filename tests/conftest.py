@@ -2,7 +2,7 @@
 
 Everything expensive is built lazily (only when a test asks for it) and once per session:
 
-- ``tiny_model_dir``: the DESIGN §7 tiny Llama + char tokenizer (~3 s to build, no hub access).
+- ``tiny_model_dir``: the design/notes.md §7 tiny Llama + char tokenizer (~3 s to build, no hub access).
 - ``ray_runtime``: a private local Ray (127.0.0.1, no dashboard), shut down at the end with a leftover check.
 - ``vllm_replicas``: two vLLM-on-CPU replicas of the tiny model in Ray actors, ``r0`` (standalone, core 0) and
   ``r1`` (hybrid, core 1); ~30-50 s to start on 2 cores, ~1.5 GiB each. Tests may push weights or park them but
@@ -24,7 +24,7 @@ import pytest
 
 T = TypeVar("T")
 
-#: Arguments of the session's tiny model (DESIGN §7 defaults).
+#: Arguments of the session's tiny model (design/notes.md §7 defaults).
 TINY_MODEL_KWARGS: dict[str, Any] = {"hidden": 128, "layers": 2, "seed": 0}
 
 

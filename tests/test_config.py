@@ -1,4 +1,5 @@
-"""Config defaults (seed §2 / DESIGN §3), derived sample counts, validation messages, dict and YAML round trips."""
+"""Config defaults (design/scheduling.md §2 / design/notes.md §3), derived sample counts, validation messages, dict and
+YAML round trips."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The seed §4 formulas against hand-computed traces, their properties, and the torchmetrics reductions over 2 ranks."""
+"""The design/scheduling.md §4 formulas against hand-computed traces, their properties, and the torchmetrics reductions
+over 2 ranks."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """HybridRolloutCallback: runs the rollout side with the fit and drives the scheduler at Lightning hook boundaries.
 
-Per sync cycle of ``trigger_parameter_sync_step`` optimizer steps (seed §1, "Policy Call Order")::
+Per sync cycle of ``trigger_parameter_sync_step`` optimizer steps (design/scheduling.md §1, "Policy Call Order")::
 
     on_train_batch_start (first step of a cycle)
         controller.before_step: should_deactivate -> deactivate_wait_samples -> wait -> remove -> abort -> sleep
         strategy.onload_training_state (every rank)
-    training_step: the module pulls its batch from the queue (no prefetch: DESIGN §5)
+    training_step: the module pulls its batch from the queue (no prefetch: design/notes.md §5)
     on_train_batch_end (last step of a cycle)
         full-weight gather -> weight sync to standalone replicas (always)
         controller.after_sync: should_activate_after_step -> [offload -> wake -> hybrid sync -> add -> resume]

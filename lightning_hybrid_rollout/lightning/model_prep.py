@@ -51,7 +51,7 @@ def prepare_model(rollout: RolloutConfig, build_model: TinyModelConfig | None, t
 
 
 def _format_warmup(path: Path, task: Any, steps: int, seed: int) -> None:
-    """Supervised warm-up on the answer *shape* (random answers), saved back to ``path`` (DESIGN §7)."""
+    """Supervised warm-up on the answer *shape* (random answers), saved back to ``path`` (design/notes.md §7)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -512,7 +512,7 @@ def format_warmup(
     """Supervised "format warm-up": teach a random-init model the *shape* of an answer, not the answer.
 
     Each row is a task prompt followed by a random string of ``alphabet`` characters and the end token; the
-    loss is cross-entropy on the answer and end token only. DESIGN §7: ~100 steps make GRPO from a random-init
+    loss is cross-entropy on the answer and end token only. design/notes.md §7: ~100 steps make GRPO from a random-init
     tiny model reliable (without it, the model rarely ends an answer and rewards stay at zero).
 
     Args:

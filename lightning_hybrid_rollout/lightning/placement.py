@@ -1,4 +1,4 @@
-"""Placement of one run: which Ray node each replica goes to, by role, and on CPU which cores (DESIGN §6).
+"""Placement of one run: which Ray node each replica goes to, by role, and on CPU which cores (design/notes.md §6).
 
 Nodes (:func:`place_replicas`): standalone replicas go only to the nodes advertising the Ray resource
 ``RolloutConfig.standalone_resource`` (one unit each, e.g. ``ray start --resources='{"lhr_rollout": 8}'``; ``None``:

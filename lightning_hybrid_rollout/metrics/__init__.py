@@ -1,4 +1,4 @@
-"""The seed's ``dynamic_resource/*`` metrics (seed §4): pure formulas plus torchmetrics classes.
+"""The seed's ``dynamic_resource/*`` metrics (design/scheduling.md §4): pure formulas plus torchmetrics classes.
 
 Two layers:
 
@@ -11,7 +11,7 @@ Two layers:
   states, the ratio is taken once on the pooled totals. ``LightningModule.log(ratio_tensor, sync_dist=True)``
   would average per-rank ratios instead, which is not the seed's formula.
 
-Formulas (seed §4; ``a`` = hybrid devices, ``b`` = standalone devices):
+Formulas (design/scheduling.md §4; ``a`` = hybrid devices, ``b`` = standalone devices):
 
 * ``U_train = Σ compute_i / Σ alloc_i`` over the cycle's micro fit-steps (sum first, ratio once).
 * ``U_rollout = Σ_k (t_{k+1}-t_k)·min(cap_k, active_k) / Σ_k (t_{k+1}-t_k)·cap_k`` (intervals with cap 0 skipped).

@@ -144,12 +144,12 @@ def safe_ratio(num: float, den: float) -> float:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Pure formulas (seed §4)
+# Pure formulas (design/scheduling.md §4)
 # --------------------------------------------------------------------------------------------------------------
 
 
 def train_compute_time(timing_raw: dict[str, float]) -> float:
-    """Training-compute seconds of one micro fit-step: the sum of the seed's compute keys (seed §4.1).
+    """Training-compute seconds of one micro fit-step: the sum of the seed's compute keys (design/scheduling.md §4.1).
 
     Args:
         timing_raw: per-step timings keyed like verl's ``timing_raw``; keys outside
@@ -164,7 +164,8 @@ def train_compute_time(timing_raw: dict[str, float]) -> float:
 
 
 def train_resource_utilization(compute_s: float | Sequence[float], allocated_s: float | Sequence[float]) -> float:
-    """``U_train = Σ compute_i / Σ alloc_i`` (seed §4.1): sums first, one ratio; 0.0 when nothing was allocated.
+    """``U_train = Σ compute_i / Σ alloc_i`` (design/scheduling.md §4.1): sums first, one ratio; 0.0 when nothing was
+    allocated.
 
     Not clipped: a value above 1 means compute timers ran outside the allocated window (a measurement bug).
 
@@ -203,7 +204,7 @@ def _points(history: Iterable[Sequence[float]]) -> list[tuple[float, float, floa
 
 
 def rollout_utilization_terms(history: Iterable[Sequence[float]]) -> tuple[float, float]:
-    """The two sums of seed §4.2: ``(Σ dt_k·min(cap_k, active_k), Σ dt_k·cap_k)``.
+    """The two sums of design/scheduling.md §4.2: ``(Σ dt_k·min(cap_k, active_k), Σ dt_k·cap_k)``.
 
     These are what a distributed reduction must add up (sum-then-divide); :func:`rollout_resource_utilization`
     is their ratio.
@@ -215,7 +216,7 @@ def rollout_utilization_terms(history: Iterable[Sequence[float]]) -> tuple[float
     points = _points(history)
     busy = capacity = 0.0
     for (t0, active, cap), (t1, _, _) in itertools.pairwise(points):
-        if cap <= 0:  # zero capacity: zero weight, skipped (seed §4.2)
+        if cap <= 0:  # zero capacity: zero weight, skipped (design/scheduling.md §4.2)
             continue
         dt = t1 - t0
         busy += dt * min(cap, active)
@@ -224,7 +225,7 @@ def rollout_utilization_terms(history: Iterable[Sequence[float]]) -> tuple[float
 
 
 def rollout_resource_utilization(history: Iterable[Sequence[float]]) -> float:
-    """``U_rollout`` (seed §4.2): capacity-time weighted share of rollout concurrency in use, in [0, 1].
+    """``U_rollout`` (design/scheduling.md §4.2): capacity-time weighted share of rollout concurrency in use, in [0, 1].
 
     ``Σ_k (t_{k+1}-t_k)·min(cap_k, active_k) / Σ_k (t_{k+1}-t_k)·cap_k``. Intervals with ``cap_k = 0`` are skipped;
     0.0 when the total weight is 0 (empty history, a single point, or only zero-capacity intervals).
@@ -265,7 +266,8 @@ def correct_seed_capacity(history: Sequence[Sequence[float]], cap: int) -> list[
 
 
 def rollout_capacity(active_servers: int, concurrent_samples_per_replica: int, max_required_samples: int) -> int:
-    """``cap = min(servers · s, maxReq)`` (seed §4.2): the rollouter's concurrency cap for ``active_servers``.
+    """``cap = min(servers · s, maxReq)`` (design/scheduling.md §4.2): the rollouter's concurrency cap for
+    ``active_servers``.
 
     Example::
 
@@ -283,7 +285,8 @@ def rollout_capacity(active_servers: int, concurrent_samples_per_replica: int, m
 
 
 def hybrid_rollout_fraction(wait_s: float | Sequence[float], step_s: float | Sequence[float]) -> float:
-    """``x = clip(Σwait / Σstep, 0, 1)`` (seed §4.3): share of the cycle hybrid devices spent on rollout; 0 if step 0.
+    """``x = clip(Σwait / Σstep, 0, 1)`` (design/scheduling.md §4.3): share of the cycle hybrid devices spent on
+    rollout; 0 if step 0.
 
     Args:
         wait_s: summed ``timing_s/wait_for_enough_samples`` (float or one per micro-step); 0 when hybrid replicas
@@ -301,7 +304,8 @@ def cluster_resource_utilization(
     hybrid_devices: int,
     standalone_devices: int,
 ) -> float:
-    """``U_cluster = ((1-x)·a·U_train + (x·a + b)·U_rollout) / (a + b)`` (seed §4.3); 0.0 when ``a + b == 0``.
+    """``U_cluster = ((1-x)·a·U_train + (x·a + b)·U_rollout) / (a + b)`` (design/scheduling.md §4.3); 0.0 when ``a + b
+    == 0``.
 
     Args:
         u_train: :func:`train_resource_utilization` of the cycle.
@@ -321,7 +325,8 @@ def cluster_resource_utilization(
 
 
 def last_value(values: Iterable[float], default: float = 0.0) -> float:
-    """Last value observed (seed §4.4 ``mq_size`` semantics: a snapshot, never an average); ``default`` if none."""
+    """Last value observed (design/scheduling.md §4.4 ``mq_size`` semantics: a snapshot, never an average); ``default``
+    if none."""
     out = default
     for value in values:
         out = value
@@ -329,7 +334,8 @@ def last_value(values: Iterable[float], default: float = 0.0) -> float:
 
 
 class LastValue:
-    """Pure-Python last-value tracker for ``mq_size`` (seed §4.4): report the last snapshot of the cycle."""
+    """Pure-Python last-value tracker for ``mq_size`` (design/scheduling.md §4.4): report the last snapshot of the
+    cycle."""
 
     def __init__(self, default: float = 0.0) -> None:
         self.default = default
@@ -352,7 +358,8 @@ class LastValue:
 
 
 class StepCounter:
-    """Pure-Python counter with ``step_generated_samples`` semantics (seed §4.5): reset at each param version."""
+    """Pure-Python counter with ``step_generated_samples`` semantics (design/scheduling.md §4.5): reset at each param
+    version."""
 
     def __init__(self) -> None:
         self.value = 0
@@ -381,7 +388,8 @@ def cycle_metrics(
     mq_sizes: Iterable[float] = (),
     step_generated_samples: int | None = None,
 ) -> dict[str, float]:
-    """All seed §4 metrics of one sync cycle, keyed by their seed names (the simulator and tests use this).
+    """All design/scheduling.md §4 metrics of one sync cycle, keyed by their seed names (the simulator and tests use
+    this).
 
     Args:
         compute_s, allocated_s: per-micro-step (or summed) trainer timings, see :func:`train_resource_utilization`.

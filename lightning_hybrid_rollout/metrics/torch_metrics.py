@@ -39,7 +39,7 @@ def _zero() -> torch.Tensor:
 
 
 class TrainResourceUtilization(Metric):
-    """``dynamic_resource/train_resource_utilization`` (seed §4.1) as a sum-then-divide metric.
+    """``dynamic_resource/train_resource_utilization`` (design/scheduling.md §4.1) as a sum-then-divide metric.
 
     States ``compute_s`` and ``allocated_s`` are summed over updates and across ranks (``dist_reduce_fx="sum"``);
     ``compute()`` returns ``Σcompute / Σallocated`` (0 when nothing allocated), the pooled ratio, never the mean
@@ -75,7 +75,7 @@ class TrainResourceUtilization(Metric):
 
 
 class RolloutResourceUtilization(Metric):
-    """``dynamic_resource/rollout_resource_utilization`` (seed §4.2) as a sum-then-divide metric.
+    """``dynamic_resource/rollout_resource_utilization`` (design/scheduling.md §4.2) as a sum-then-divide metric.
 
     Each ``update(history)`` adds the window's :func:`rollout_utilization_terms` to the states ``busy``
     (Σ dt·min(cap, active)) and ``capacity`` (Σ dt·cap), summed across ranks; ``compute()`` is
@@ -102,7 +102,7 @@ class RolloutResourceUtilization(Metric):
 
 
 class ClusterResourceUtilization(Metric):
-    """``dynamic_resource/resource_utilization`` (seed §4.3) with every input pooled across ranks.
+    """``dynamic_resource/resource_utilization`` (design/scheduling.md §4.3) with every input pooled across ranks.
 
     Reduction: all six states are sums (``dist_reduce_fx="sum"``): train compute/allocated seconds, rollout
     busy/capacity weights, and hybrid wait/step seconds. ``compute()`` then takes ``U_train`` and ``U_rollout`` as
@@ -162,7 +162,7 @@ class ClusterResourceUtilization(Metric):
 
 
 class LastValueMetric(Metric):
-    """Last value observed (``dynamic_resource/mq_size``, seed §4.4): a snapshot, never an average.
+    """Last value observed (``dynamic_resource/mq_size``, design/scheduling.md §4.4): a snapshot, never an average.
 
     Reduction across ranks: ``max``. The queue is one global object, so ranks that read it see the same size
     (max = that value) and a rank that never updates holds the default 0, which cannot win over a real size
@@ -192,7 +192,7 @@ class LastValueMetric(Metric):
 
 
 class CounterMetric(Metric):
-    """A counter (``fully_async/rollouter/step_generated_samples``, seed §4.5), summed across ranks.
+    """A counter (``fully_async/rollouter/step_generated_samples``, design/scheduling.md §4.5), summed across ranks.
 
     ``update(n)`` adds ``n`` (default 1); ``reset()`` (Lightning calls it at the end of the logging period, or call
     it at each ``reset_staleness``) starts from 0 again.

@@ -1,6 +1,7 @@
 """Drain-aware deactivation: which in-flight requests finish within a budget, and what a drain did.
 
-When hybrid replicas are deactivated (seed §1: remove -> abort -> sleep), every request in flight on them is aborted
+When hybrid replicas are deactivated (design/scheduling.md §1: remove -> abort -> sleep), every request in flight on
+them is aborted
 and continues elsewhere from its prefix, paying a re-prefill of prompt + prefix. A *drain* with a small budget lets
 the requests that will finish within it complete instead: each request's finish time is estimated from its remaining
 tokens (``max_tokens`` minus the tokens generated so far) and its own measured decode rate (tokens since its first

@@ -1,4 +1,5 @@
-"""Flow control (DESIGN §3, seed §4.2): the in-flight cap and the admission of prompt groups under the staleness budget.
+"""Flow control (design/notes.md §3, design/scheduling.md §4.2): the in-flight cap and the admission of prompt groups
+under the staleness budget.
 
 - in flight: at most ``cap = min(active_servers * concurrent_samples_per_replica, max_required_samples)`` samples;
 - staleness: every admitted sample adds 1 to ``staleness_samples``; a prompt group of ``n`` samples is admitted

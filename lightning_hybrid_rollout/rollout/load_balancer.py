@@ -16,7 +16,8 @@ A replica is *routable* when it is registered (not removed), not dead, not pause
 (:meth:`LoadBalancer.abort_replicas`). When no replica is routable, :meth:`LoadBalancer.acquire` waits for one
 (add/resume wakes it) and raises :class:`NoReplicaAvailableError` after ``acquire_timeout_s``.
 
-Deactivation of hybrid replicas (seed §1) maps onto this class as ``remove_replicas`` (cut routing first) then
+Deactivation of hybrid replicas (design/scheduling.md §1) maps onto this class as ``remove_replicas`` (cut routing
+first) then
 ``abort_replicas`` (abort in-flight; the rollouter retries them on the remaining replicas), or
 ``drain_replicas`` (requests that will finish within a small budget complete, the rest are aborted;
 :mod:`~lightning_hybrid_rollout.rollout.drain`).

@@ -3,7 +3,7 @@
 The rollouter's event loop runs in a background thread and puts finished samples (whole prompt groups at once,
 :meth:`MessageQueue.put_many`); the trainer's main thread blocks in :meth:`MessageQueue.wait_until` /
 :meth:`MessageQueue.get_batch`, woken once the count it waits for is buffered (not at every put). The bound is
-``max_required_samples`` (DESIGN §3). The queue never drops a sample silently: a put that does not fit returns
+``max_required_samples`` (design/notes.md §3). The queue never drops a sample silently: a put that does not fit returns
 ``False`` (counted in ``rejected``, or ``dropped`` once the queue is closed) and the caller keeps the sample.
 
 :meth:`MessageQueue.get_batch` records :class:`GetStats` (how long it blocked, how many samples it had to wait for)
@@ -35,7 +35,7 @@ class GetStats:
         requested: Samples asked for.
         size_at_start: Queue size when the call began.
         wait_samples: ``max(0, requested - size_at_start)``: samples that had to be generated while waiting
-            (samples served from backlog are not counted; DESIGN §3).
+            (samples served from backlog are not counted; design/notes.md §3).
         wait_s: Seconds the call blocked.
         mean_age_s: Mean time the returned samples spent in the queue (clock of the queue).
         max_age_s: Longest time one of them spent in the queue.

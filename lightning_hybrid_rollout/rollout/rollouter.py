@@ -20,7 +20,7 @@ routed by the :class:`~lightning_hybrid_rollout.rollout.load_balancer.LoadBalanc
 Exactly once: each admitted sample yields exactly one :class:`Sample` in the queue (none lost, none duplicated),
 across aborts, dead replicas, pause/resume and a ``state_dict``/``load_state_dict`` round trip.
 
-Where the rest lives: the in-flight cap and the staleness budget (DESIGN §3, seed §4.2) in
+Where the rest lives: the in-flight cap and the staleness budget (design/notes.md §3, design/scheduling.md §4.2) in
 :mod:`~lightning_hybrid_rollout.rollout.flow_control`; the ``(t, active, cap)`` utilization history that
 :meth:`Rollouter.reset_staleness` returns in :mod:`~lightning_hybrid_rollout.rollout.utilization`; the production
 per replica role (the ``rate_matched`` policy's inputs, :meth:`Rollouter.take_role_window`) in
@@ -221,7 +221,7 @@ class Rollouter(ProductionLoop):
     def reset_staleness(self) -> RolloutStepStats:
         """Close the rollout window of this parameter version (call once per version, after the weight sync).
 
-        Sets ``staleness_samples = outstanding samples + queue size`` (DESIGN §3) and returns the window's
+        Sets ``staleness_samples = outstanding samples + queue size`` (design/notes.md §3) and returns the window's
         ``(t, active, cap)`` history and ``step_generated_samples``; a new window starts now.
         """
         return self._call(self._reset_staleness_async())

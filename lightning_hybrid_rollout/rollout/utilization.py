@@ -1,4 +1,5 @@
-"""The rollout utilization history (seed §4.2, §4.5): ``(t, active, cap)`` points, one window per parameter version.
+"""The rollout utilization history (design/scheduling.md §4.2, §4.5): ``(t, active, cap)`` points, one window per
+parameter version.
 
 The rollouter appends a point on every submit, completion, park/unpark during a pause and capacity change;
 ``active`` counts samples generating or waiting for a replica (parked ones are not), ``cap`` is the in-flight cap.
@@ -20,7 +21,7 @@ class RolloutStepStats:
     Args:
         history: ``(t, active, cap)`` points from the window's start to its end (both included); the input of
             ``metrics.rollout_resource_utilization``.
-        step_generated_samples: Samples fully generated in the window (seed §4.5).
+        step_generated_samples: Samples fully generated in the window (design/scheduling.md §4.5).
         admitted_samples: Samples admitted (staleness budget spent) in the window.
         staleness_samples: The staleness counter after the reset (outstanding + queue size).
         param_version: Weight version current when the window closed.

@@ -12,7 +12,8 @@ State machine (:class:`DynamicResourceController`)::
     deactivate (before training):   remove_replicas -> abort_replicas -> sleep_replicas   (order is critical:
                                     cut routing first, so partial-rollout retries go to standalone replicas)
 
-Policy call order per training step (seed §1), encoded in ``controller.before_step`` / ``controller.after_sync``::
+Policy call order per training step (design/scheduling.md §1), encoded in ``controller.before_step`` /
+``controller.after_sync``::
 
     1. should_deactivate()          before training; decide whether to deactivate hybrid replicas
     2. deactivate_wait_samples()    if (1) is True: samples the queue must hold before deactivating

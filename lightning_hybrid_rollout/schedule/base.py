@@ -5,7 +5,7 @@ deactivated; :class:`~lightning_hybrid_rollout.schedule.controller.DynamicResour
 out. Policies are pure: every decision is a function of the :class:`DynamicScheduleContext` passed in and of the
 policy's own state (which :meth:`DynamicSchedulePolicyBase.state_dict` captures in full). No I/O, no clock reads.
 
-Policy call order per training step (seed §1), driven by the controller::
+Policy call order per training step (design/scheduling.md §1), driven by the controller::
 
     1. should_deactivate(global_steps, is_hybrid_active, ctx)           before training
     2. deactivate_wait_samples(ctx)                                      only if (1) is True; then wait, deactivate
@@ -53,7 +53,7 @@ _P = TypeVar("_P", bound=type["DynamicSchedulePolicyBase"])
 
 @dataclass
 class DynamicScheduleContext:
-    """Everything a policy may look at when it decides (seed §6 "Use DynamicScheduleContext fields").
+    """Everything a policy may look at when it decides (design/scheduling.md §6 "Use DynamicScheduleContext fields").
 
     Built by the runtime callback (or the simulator) before each policy call. The controller writes
     ``last_activate_duration_s`` / ``last_deactivate_duration_s`` itself in ``after_sync``.

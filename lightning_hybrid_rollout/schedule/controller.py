@@ -9,7 +9,8 @@ State machine::
 Deactivation order is critical: cut routing first (remove) so the partial-rollout retries of the requests that
 abort cancels land on standalone replicas, never back on a dying hybrid one; only then release the device (sleep).
 
-Per training step (seed §1 "Policy Call Order"); the runtime callback and the simulator both call these two, so the
+Per training step (design/scheduling.md §1 "Policy Call Order"); the runtime callback and the simulator both call these
+two, so the
 order lives in one place::
 
     before_step(global_steps, ctx, wait_for_samples)     before training

@@ -6,7 +6,7 @@ wall clock) and the simulator (:mod:`lightning_hybrid_rollout.sim.runner`, virtu
 and hand them to one :class:`CycleLedger`; neither builds a context field or a cycle metric of its own, so the
 simulator's decisions and metrics mean what the runtime's do. Pure: no clock, no I/O; time comes in as numbers.
 
-Per cycle, in the order the trainer sees them (seed §1)::
+Per cycle, in the order the trainer sees them (design/scheduling.md §1)::
 
     ledger.context(totals)                        # before_step's context (the cycle so far: nothing yet)
     ledger.add_deactivate_wait(s, n)              # inside wait_for_samples, if the policy deactivates
@@ -65,8 +65,8 @@ class RunShape:
         only_hybrid: No standalone replicas (colocated mode).
         num_standalone_replicas: Standalone replicas.
         num_hybrid_replicas: Hybrid replicas (0: none, the hybrid sync is never "skipped").
-        hybrid_devices: Trainer devices the hybrid replicas borrow (``a`` of seed §4.3).
-        standalone_devices: Devices of the standalone replicas (``b`` of seed §4.3).
+        hybrid_devices: Trainer devices the hybrid replicas borrow (``a`` of design/scheduling.md §4.3).
+        standalone_devices: Devices of the standalone replicas (``b`` of design/scheduling.md §4.3).
     """
 
     required_samples: int
@@ -127,8 +127,8 @@ class CycleEnd:
 
     Args:
         rollout_history: The rollouter's window ``(t, active, cap)`` since the previous ``reset_staleness``.
-        step_generated_samples: Samples fully generated in that window (seed §4.5).
-        mq_size: Queue size at the cycle's end (seed §4.4).
+        step_generated_samples: Samples fully generated in that window (design/scheduling.md §4.5).
+        mq_size: Queue size at the cycle's end (design/scheduling.md §4.4).
         standalone_sync_s: Seconds of the standalone weight push.
         hybrid_sync_s: Seconds of the hybrid weight push (activation or ``overlap_sync`` preparation; 0 if none).
         activate_duration_s: The cycle's activation (``StepEndResult.cycle_activate_duration_s``).
@@ -176,9 +176,11 @@ class CycleLedger:
 
     One per run. The meanings (``docs/metrics.md``):
 
-    - ``allocated_s`` of a step (seed §4.1 ``alloc_i``): from asking for its batch through the step's end, the weight
+    - ``allocated_s`` of a step (design/scheduling.md §4.1 ``alloc_i``): from asking for its batch through the step's
+    end, the weight
       sync and any activation included; ``step_s``: the whole step, the deactivation before it included.
-    - the hybrid-rollout share ``x`` (seed §4.3) counts the deactivation wait only in a cycle that deactivated.
+    - the hybrid-rollout share ``x`` (design/scheduling.md §4.3) counts the deactivation wait only in a cycle that
+    deactivated.
     - ``hybrid_sync_skipped``: 1 if the cycle ended with hybrid replicas and no hybrid weight push;
       ``hybrid_sync_skipped_total`` counts such sync decisions since the run began (the start decision included).
     - ``weight_sync_time_s``: standalone + hybrid push seconds of the cycle.
@@ -216,7 +218,8 @@ class CycleLedger:
         c.trained_tokens += int(tokens)
 
     def add_compute(self, compute_s: float) -> None:
-        """One optimizer step's training compute (seed §4.1 ``compute_i``), recorded before the cycle's sync."""
+        """One optimizer step's training compute (design/scheduling.md §4.1 ``compute_i``), recorded before the cycle's
+        sync."""
         self._c.compute_s.append(float(compute_s))
 
     def end_step(self, allocated_s: float, step_s: float) -> None:
@@ -274,7 +277,7 @@ class CycleLedger:
         """The cycle's ``dynamic_resource/*`` values; the next cycle starts empty."""
         s, c = self.shape, self._c
         wait_s = c.deactivate_wait_s if c.deactivated else 0.0
-        #: The closed cycle's seed §4.3 terms (the simulator sums them into its run-level utilization).
+        #: The closed cycle's design/scheduling.md §4.3 terms (the simulator sums them into its run-level utilization).
         self.last_wait_s, self.last_step_s = wait_s, float(sum(c.step_s))
         out = F.cycle_metrics(
             compute_s=c.compute_s,

@@ -1,4 +1,4 @@
-"""The ``"default"`` policy: adaptive deactivate ratio plus a cost/benefit activation gate (seed §3.1).
+"""The ``"default"`` policy: adaptive deactivate ratio plus a cost/benefit activation gate (design/scheduling.md §3.1).
 
 Decisions, with ``R = ctx.step_required_samples = required_samples × trigger_parameter_sync_step``:
 

@@ -1,4 +1,4 @@
-"""The ``"fixed_ratio"`` policy: the default policy without adaptation (seed §3.3), for ablations.
+"""The ``"fixed_ratio"`` policy: the default policy without adaptation (design/scheduling.md §3.3), for ablations.
 
 * ``should_deactivate`` = ``is_hybrid_active``; ``deactivate_wait_samples`` = ``int(step_required_samples × ratio)``
   (the product snapped to 9 decimals, as in ``default``).

@@ -1,6 +1,7 @@
 """The ``"rate_matched"`` policy: threshold and activation gate from what the last cycles measured.
 
-The default policy (seed §3.1) nudges its deactivate ratio by −0.02 .. +0.1 per cycle after the fact: from its
+The default policy (design/scheduling.md §3.1) nudges its deactivate ratio by −0.02 .. +0.1 per cycle after the fact:
+from its
 initial 0.3 it needs several cycles of idle waits to reach a need far above, it keeps over-collecting for many cycles
 when the need falls, and its gate weighs a sample gap against a switch cost with a per-sample time that goes stale.
 This policy instead measures, each cycle, how many samples the trainer really needed and what a switch really costs,
@@ -79,7 +80,8 @@ class RateScheduleContext(DynamicScheduleContext):
         queue_size: Samples in the message queue at the decision.
         step_queue_sizes: Per collection of the latest cycle (parallel to ``step_wait_samples``): queue size when
             the collection started.
-        cycle_train_compute_s: Trainer compute seconds in the cycle (sum of the seed §4.1 compute timings).
+        cycle_train_compute_s: Trainer compute seconds in the cycle (sum of the design/scheduling.md §4.1 compute
+        timings).
         cycle_trained_samples: Samples trained in the cycle.
         cycle_trained_tokens: Response tokens of the samples trained in the cycle.
         standalone_serving_s: Seconds of the cycle during which standalone replicas were serving (not paused for

@@ -1,4 +1,4 @@
-"""The ``"static_fully_async"`` policy: plain fully-async, the baseline (seed §3.2).
+"""The ``"static_fully_async"`` policy: plain fully-async, the baseline (design/scheduling.md §3.2).
 
 * ``only_hybrid=False`` (standalone replicas exist): deactivate at once at every step start (wait threshold 0)
   and never re-activate, so the trainer's devices stay with training, as without dynamic scheduling.

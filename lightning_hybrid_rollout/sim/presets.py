@@ -18,7 +18,7 @@ __all__ = ["PRESETS", "get_preset", "preset_names"]
 def _seed() -> dict:
     return {
         "name": "seed",
-        "description": "seed §5: 32 devices, static 16+16 and 8+24 vs dynamic 16+16 with hybrid replicas",
+        "description": "32 devices, static 16+16 and 8+24 vs dynamic 16+16 with hybrid replicas (scheduling.md §5)",
         "steps": 40,
         "async_training": {"mini_batch_size": 128, "trigger_parameter_sync_step": 4, "staleness_threshold": 0.5},
         "concurrent_samples_per_replica": 16,

@@ -1,6 +1,7 @@
 """The trainer side of the simulator: runs the REAL controller and policies against a simulated replica pool.
 
-Per run, on the virtual clock of a :class:`~lightning_hybrid_rollout.sim.world.RolloutWorld` (DESIGN §1, seed §1,
+Per run, on the virtual clock of a :class:`~lightning_hybrid_rollout.sim.world.RolloutWorld` (design/notes.md §1,
+design/scheduling.md §1,
 ``docs/architecture.md`` "Per training step")::
 
     t = 0: rollouter starts (standalone replicas serving); with hybrid replicas: controller.after_sync(0, ctx)

@@ -6,7 +6,7 @@ The world only moves when the trainer side (:mod:`lightning_hybrid_rollout.sim.r
 found as the earliest completion over the replicas (processor sharing: a replica's in-flight samples share its
 decode throughput, see :class:`~lightning_hybrid_rollout.sim.scenario.ReplicaModel`).
 
-Semantics mirror the runtime's rollouter (``rollout/rollouter.py``) and DESIGN §3:
+Semantics mirror the runtime's rollouter (``rollout/rollouter.py``) and design/notes.md §3:
 
 * admission of a group of ``group_size`` samples only while ``in_flight < cap``, the queue is below its bound
   (``max_required_samples``) and ``staleness_samples + group_size <= max_required_samples``; every admitted sample

@@ -1,4 +1,5 @@
-"""Small addition: ``"3+4="`` → ``"7"`` then the end token (DESIGN §7: a tiny model learns it in minutes on CPU)."""
+"""Small addition: ``"3+4="`` → ``"7"`` then the end token (design/notes.md §7: a tiny model learns it in minutes on
+CPU)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ class StringReverseTask(Task):
         min_len: Shortest string.
         max_len: Longest string.
         partial_credit: If True, the reward is ``(matching positions + [length correct]) / (len + 1)`` instead of
-            exact match (a denser signal; DESIGN §7 notes pure exact-match RL on copy plateaus).
+            exact match (a denser signal; design/notes.md §7 notes pure exact-match RL on copy plateaus).
         max_response_tokens: ``max_tokens`` for rollouts (default: ``max_len + 2``).
     """
 

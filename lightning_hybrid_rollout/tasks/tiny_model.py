@@ -1,6 +1,7 @@
 """Build a tiny random Llama + char-level tokenizer on disk, loadable by both vLLM and transformers, offline.
 
-The defaults are the configuration DESIGN §7 measured to learn small addition with GRPO on one CPU core in a few
+The defaults are the configuration design/notes.md §7 measured to learn small addition with GRPO on one CPU core in a
+few
 minutes (hidden 128, 2 layers, 4 heads, intermediate 512, tied embeddings, standard init). The tokenizer is a
 WordLevel vocabulary over single characters (digits, a few operators, ASCII letters), prepends ``<s>`` and ends
 answers with ``</s>``; unused ids are filled with ``<xN>`` placeholders so every id decodes.
@@ -184,7 +185,8 @@ def warm_up_format(
 ) -> Path:
     """Teach a tiny model the *shape* of the task's answers (prompt → random answer → end token), in place.
 
-    DESIGN §7: ~100 supervised steps on random answers of the right form (content uninformative, so the reward of
+    design/notes.md §7: ~100 supervised steps on random answers of the right form (content uninformative, so the reward
+    of
     the warmed model stays at chance) make GRPO from a random init reliable. The loss covers the answer and the end
     token only. Idempotent: a warm-up with the same task, steps and seed recorded in the marker is skipped.
 

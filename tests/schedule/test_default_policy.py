@@ -1,5 +1,5 @@
 """DefaultDynamicSchedulePolicy, on scripted scenarios whose expected values are worked out by hand from the seed's
-rules (seed §3.1 + DESIGN §3), never by calling the code under test."""
+rules (design/scheduling.md §3.1 + design/notes.md §3), never by calling the code under test."""
 
 from __future__ import annotations
 

@@ -212,7 +212,7 @@ def test_context_rejects_non_positive_sizes(field):
 
 
 def test_seed_style_subclass_without_super_init_works_and_checkpoints():
-    # seed §6's example sets the attributes itself and never calls super().__init__()
+    # design/scheduling.md §6's example sets the attributes itself and never calls super().__init__()
     class SeedStyle(DynamicSchedulePolicyBase):
         def __init__(self, deactivate_ratio: float = 0.5, only_hybrid: bool = False):
             self.deactivate_ratio = deactivate_ratio

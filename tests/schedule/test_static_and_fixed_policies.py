@@ -1,4 +1,5 @@
-"""StaticFullyAsyncPolicy and FixedRatioDynamicSchedulePolicy (seed §3.2, §3.3 + DESIGN §3), values worked by hand."""
+"""StaticFullyAsyncPolicy and FixedRatioDynamicSchedulePolicy (design/scheduling.md §3.2, §3.3 + design/notes.md §3),
+values worked by hand."""
 
 from __future__ import annotations
 
