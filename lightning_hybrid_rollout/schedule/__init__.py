@@ -1,31 +1,9 @@
 """Dynamic resource scheduling: when hybrid replicas (on the trainer's devices) help generate, and how they switch.
 
-Pure Python (no torch, Ray, vLLM, I/O or clock reads): the runtime callback and the simulator run this same code.
-
-Two kinds of inference replicas: standalone (dedicated rollout devices, always on) and hybrid (the trainer's
-devices, lent to rollout while the trainer would otherwise wait). A policy decides; the controller acts.
-
-State machine (:class:`DynamicResourceController`)::
-
-    STANDALONE_ONLY  <->  HYBRID_ACTIVE
-    activate   (after weight sync): wake_up_replicas -> sync_weights -> add_replicas -> resume_generation_replicas
-    deactivate (before training):   remove_replicas -> abort_replicas -> sleep_replicas   (order is critical:
-                                    cut routing first, so partial-rollout retries go to standalone replicas)
-
-Policy call order per training step (design/scheduling.md §1), encoded in ``controller.before_step`` /
-``controller.after_sync``::
-
-    1. should_deactivate()          before training; decide whether to deactivate hybrid replicas
-    2. deactivate_wait_samples()    if (1) is True: samples the queue must hold before deactivating
-    3. should_activate_after_step() after weight sync; decide whether to (re-)activate hybrid replicas
-    4. request_rebalance()          after a real activation, if rebalance is enabled
-    5. update_after_step()          after weight sync; update the policy's internal state
-
-Built-in policies: ``"default"`` (:class:`DefaultDynamicSchedulePolicy`), ``"static_fully_async"``
-(:class:`StaticFullyAsyncPolicy`), ``"fixed_ratio"`` (:class:`FixedRatioDynamicSchedulePolicy`), ``"rate_matched"``
-(:class:`RateMatchedDynamicSchedulePolicy`) and ``"hysteresis_ratio"`` (:class:`HysteresisRatioDynamicSchedulePolicy`,
-verl v1 ``separate_async``'s switch rule, a baseline); all are registered on import. Add your own with
-:func:`register_policy` or the ``lightning_hybrid_rollout.policies`` entry-point group (docs/policies.md).
+Pure Python (no torch, Ray, vLLM, I/O or clock reads), so the runtime callback and the simulator run this same
+code: a policy decides (docs/policies.md), the :class:`DynamicResourceController` acts (docs/controller.md). All
+built-in policies are registered on import; add your own with :func:`register_policy` or the
+``lightning_hybrid_rollout.policies`` entry-point group.
 
 Example::
 

@@ -1,21 +1,8 @@
 """Policy base class, the decision context, and the policy registry.
 
-A policy decides *when* hybrid replicas (inference replicas sharing the trainer's devices) are activated and
-deactivated; :class:`~lightning_hybrid_rollout.schedule.controller.DynamicResourceController` carries the decisions
-out. Policies are pure: every decision is a function of the :class:`DynamicScheduleContext` passed in and of the
-policy's own state (which :meth:`DynamicSchedulePolicyBase.state_dict` captures in full). No I/O, no clock reads.
-
-Policy call order per training step (design/scheduling.md §1), driven by the controller::
-
-    1. should_deactivate(global_steps, is_hybrid_active, ctx)           before training
-    2. deactivate_wait_samples(ctx)                                      only if (1) is True; then wait, deactivate
-    3. should_activate_after_step(global_steps, is_hybrid_active, ctx)   after the standalone weight sync
-    4. request_rebalance(global_steps, ctx)                              only after a real activation, if enabled
-    5. update_after_step(global_steps, ctx)                              after (3)/(4), every sync cycle
-
-Registry: ``@register_policy("name")`` on a subclass, or an entry point in the group
-``lightning_hybrid_rollout.policies`` (pointing at the class, registered under the entry point's name, or at a module
-that uses ``@register_policy``). Entry points are loaded lazily: when a name is not found, or when listing.
+A policy decides when hybrid replicas are activated and deactivated, purely from the
+:class:`DynamicScheduleContext` and its own state (no I/O, no clock); the controller carries the decisions out in
+the call order of design/scheduling.md §1, described with the registry's entry points in docs/policies.md.
 
 Example::
 
@@ -54,9 +41,6 @@ _P = TypeVar("_P", bound=type["DynamicSchedulePolicyBase"])
 @dataclass
 class DynamicScheduleContext:
     """Everything a policy may look at when it decides (design/scheduling.md §6 "Use DynamicScheduleContext fields").
-
-    Built by the runtime callback (or the simulator) before each policy call. The controller writes
-    ``last_activate_duration_s`` / ``last_deactivate_duration_s`` itself in ``after_sync``.
 
     Args:
         required_samples: Samples consumed per collection (one micro fit-step): ``ppo_mini_batch_size ×
@@ -203,9 +187,6 @@ class DynamicSchedulePolicyBase(ABC):
     def request_rebalance(self, global_steps: int, ctx: DynamicScheduleContext) -> None:  # noqa: B027
         """Right after a real activation, if rebalance is enabled, before the pool rebalances. No-op by default.
 
-        The controller calls ``pool.rebalance_requests()`` after this hook; a policy overrides it to record or
-        prepare something (it must not do I/O itself).
-
         Args:
             global_steps: The current global step (parameter version).
             ctx: The decision context.
@@ -243,8 +224,8 @@ class DynamicSchedulePolicyBase(ABC):
 def register_policy(name: str) -> Callable[[_P], _P]:
     """Class decorator: register a :class:`DynamicSchedulePolicyBase` subclass under ``name``.
 
-    Registering the same class again (or a re-definition of it: same module and qualified name, as after a
-    module reload) replaces the entry; registering a different class under a taken name raises ``ValueError``.
+    Re-registering the same class (or its reload) replaces the entry; a different class under a taken name raises
+    ``ValueError``.
 
     Args:
         name: The name users put in ``dynamic_schedule_policy``.
@@ -313,10 +294,9 @@ def available_policies() -> list[str]:
 
 
 def policy_starting_ratio(name: str) -> float | None:
-    """The ``deactivate_ratio`` the policy registered as ``name`` starts from when nobody sets it: its constructor's
-    default (``hysteresis_ratio``: 0.4, verl's ``switch_threshold_ratio``; the seed's policies: 0.3, the config's
-    default). None when its constructor has no numeric default for it. The planner and the benchmarks start a policy
-    there unless the user configured it.
+    """The ``deactivate_ratio`` default of the policy registered as ``name``'s constructor; None without one.
+
+    The planner and the benchmarks start a policy there unless the user configured it.
 
     Args:
         name: A registered policy name.

@@ -1,40 +1,8 @@
 """DynamicResourceController: the hybrid replicas' state machine, driven by a policy, acting on a ReplicaPool.
 
-State machine::
-
-    STANDALONE_ONLY  --activate()-->   HYBRID_ACTIVE     wake_up_replicas -> sync_weights -> add_replicas
-                                                          -> resume_generation_replicas
-    HYBRID_ACTIVE    --deactivate()--> STANDALONE_ONLY   remove_replicas -> abort_replicas -> sleep_replicas
-
-Deactivation order is critical: cut routing first (remove) so the partial-rollout retries of the requests that
-abort cancels land on standalone replicas, never back on a dying hybrid one; only then release the device (sleep).
-
-Per training step (design/scheduling.md §1 "Policy Call Order"); the runtime callback and the simulator both call these
-two, so the
-order lives in one place::
-
-    before_step(global_steps, ctx, wait_for_samples)     before training
-        [finish pending cleanup, if a previous deactivation failed half-way]
-        policy.should_deactivate -> if True: policy.deactivate_wait_samples -> wait_for_samples(n) -> deactivate()
-    after_sync(global_steps, ctx)                        after the standalone weight sync
-        policy.should_activate_after_step -> if True: activate()
-        -> if it really activated and enable_rebalance: policy.request_rebalance -> pool.rebalance_requests
-        -> ctx.last_activate_duration_s / ctx.last_deactivate_duration_s = this cycle's switch durations
-        -> policy.update_after_step
-
-Failure rule (a pool method raised; the error propagates as :class:`ReplicaPoolError`, chained with ``from``):
-
-* activation failing at method M: the methods after M are not called; the controller rolls back best-effort,
-  treating M as possibly half-done: M in {wake_up_replicas, sync_weights} -> sleep_replicas; M in {add_replicas,
-  resume_generation_replicas} -> remove_replicas, abort_replicas, sleep_replicas. State stays STANDALONE_ONLY.
-  If a rollback call raises too, it is logged and it and the rest of the rollback become *pending*.
-* deactivation failing at remove_replicas: routing was not cut, so the state stays HYBRID_ACTIVE with nothing
-  pending; the next deactivate() starts over.
-* deactivation failing at abort_replicas / sleep_replicas: remove succeeded, the hybrid replicas are no longer
-  routable, so the state becomes STANDALONE_ONLY and the failed method plus the rest are *pending*.
-* pending methods are retried, in order, first thing in the next before_step(), deactivate() or activate()
-  (before anything else; if they fail again, that call raises and does nothing more). A deactivation is counted
-  (and its duration, summed over the attempts, recorded) when its last pending method succeeds.
+``before_step`` and ``after_sync`` hold the per-step policy call order (design/scheduling.md §1) in one place for the
+runtime callback and the simulator; a failed pool call is rolled back or left pending for retry, never half-active.
+The state machine, the deactivation order and the failure rule are described in docs/controller.md.
 """
 
 from __future__ import annotations
@@ -67,10 +35,8 @@ class ControllerState(enum.Enum):
 class ReplicaPool(Protocol):
     """What the controller drives: the hybrid replicas, as a group (see docs/architecture.md).
 
-    Every method is synchronous from the controller's point of view (the runtime blocks on Ray; the simulator
-    advances its virtual clock) and its return value is ignored. Implementations should tolerate being asked to
-    undo a half-done step (e.g. ``remove_replicas`` for replicas that were only partly added): the controller's
-    rollback and retries rely on it.
+    Every method is synchronous and its return value ignored; implementations must tolerate undoing a half-done
+    step, which rollbacks and retries rely on.
     """
 
     def wake_up_replicas(self) -> object:
@@ -177,7 +143,7 @@ class DynamicResourceController:
     """Owns the hybrid replicas' lifecycle; a policy decides when, this class carries it out on a pool.
 
     Pure Python: the only time source is the injected ``clock`` (``time.monotonic`` at runtime, a virtual clock in
-    the simulator). See the module docstring for the state machine, the per-step call order and the failure rule.
+    the simulator).
 
     Args:
         pool: The hybrid replicas (a :class:`ReplicaPool`).
@@ -320,7 +286,7 @@ class DynamicResourceController:
             The activation's duration in clock seconds (pending cleanup excluded).
 
         Raises:
-            ReplicaPoolError: A pool method raised (see the failure rule in the module docstring).
+            ReplicaPoolError: A pool method raised (the failure rule is in docs/controller.md).
 
         Example::
 
@@ -364,7 +330,7 @@ class DynamicResourceController:
             The deactivation's duration in clock seconds (summed over attempts when it finishes a retried one).
 
         Raises:
-            ReplicaPoolError: A pool method raised (see the failure rule in the module docstring).
+            ReplicaPoolError: A pool method raised (the failure rule is in docs/controller.md).
 
         Example::
 

@@ -1,23 +1,8 @@
 """The per-cycle core: one sync cycle's measurements -> the policy's context and the cycle's ``dynamic_resource/*``.
 
-A *cycle* is one sync cycle: ``trigger_parameter_sync_step`` optimizer steps between two weight syncs (one step for
-the first cycle with ``early_first_sync``). The runtime callback (:mod:`lightning_hybrid_rollout.lightning.callback`,
-wall clock) and the simulator (:mod:`lightning_hybrid_rollout.sim.runner`, virtual clock) measure the same things
-and hand them to one :class:`CycleLedger`; neither builds a context field or a cycle metric of its own, so the
-simulator's decisions and metrics mean what the runtime's do. Pure: no clock, no I/O; time comes in as numbers.
-
-Per cycle, in the order the trainer sees them (design/scheduling.md §1)::
-
-    ledger.context(totals)                        # before_step's context (the cycle so far: nothing yet)
-    ledger.add_deactivate_wait(s, n)              # inside wait_for_samples, if the policy deactivates
-    ledger.mark_deactivation(deactivated)         # what before_step did
-    for each optimizer step:
-        ledger.add_batch(wait_s, queue_before, samples, tokens)
-        ledger.add_compute(compute_s)             # right after training, before any sync
-        ledger.end_step(allocated_s, step_s)      # at the step's very end (the last one: after the sync)
-    ledger.context(totals, production)            # after_sync's context (the cycle's measurements)
-    ledger.record_sync_decision(hybrid_active, hybrid_synced)   # (the fit's start: record_start_decision)
-    metrics = ledger.close(CycleEnd(...))         # the cycle's dynamic_resource/* values; the next cycle starts
+The runtime callback (wall clock) and the simulator (virtual clock) record the same measurements into one
+:class:`CycleLedger`, which alone builds the context and the metrics, so the simulator's decisions and metrics mean
+what the runtime's do (docs/metrics.md). Pure: no clock, no I/O; time comes in as numbers.
 
 Example::
 
@@ -174,16 +159,19 @@ class _Cycle:
 class CycleLedger:
     """Accumulates one sync cycle's measurements; builds the policy's context and the cycle's metrics from them.
 
-    One per run. The meanings (``docs/metrics.md``):
+    One per run; the metrics' meanings are in docs/metrics.md. Per cycle, in the order the trainer sees them
+    (design/scheduling.md §1)::
 
-    - ``allocated_s`` of a step (design/scheduling.md §4.1 ``alloc_i``): from asking for its batch through the step's
-    end, the weight
-      sync and any activation included; ``step_s``: the whole step, the deactivation before it included.
-    - the hybrid-rollout share ``x`` (design/scheduling.md §4.3) counts the deactivation wait only in a cycle that
-    deactivated.
-    - ``hybrid_sync_skipped``: 1 if the cycle ended with hybrid replicas and no hybrid weight push;
-      ``hybrid_sync_skipped_total`` counts such sync decisions since the run began (the start decision included).
-    - ``weight_sync_time_s``: standalone + hybrid push seconds of the cycle.
+        ledger.context(totals)                        # before_step's context (nothing measured yet)
+        ledger.add_deactivate_wait(s, n)              # inside wait_for_samples, if the policy deactivates
+        ledger.mark_deactivation(deactivated)         # what before_step did
+        for each optimizer step:
+            ledger.add_batch(wait_s, queue_before, samples, tokens)
+            ledger.add_compute(compute_s)             # right after training, before any sync
+            ledger.end_step(allocated_s, step_s)      # at the step's very end (the last one: after the sync)
+        ledger.context(totals, production)            # after_sync's context
+        ledger.record_sync_decision(hybrid_active, hybrid_synced)   # (the fit's start: record_start_decision)
+        metrics = ledger.close(CycleEnd(...))         # the cycle's dynamic_resource/* values; the next one starts
 
     Args:
         shape: The run's fixed shape.
@@ -223,7 +211,7 @@ class CycleLedger:
         self._c.compute_s.append(float(compute_s))
 
     def end_step(self, allocated_s: float, step_s: float) -> None:
-        """One optimizer step's wall times (see the class docstring for their meanings)."""
+        """One optimizer step's wall times: allocated (design/scheduling.md §4.1 ``alloc_i``) and whole."""
         self._c.allocated_s.append(float(allocated_s))
         self._c.step_s.append(float(step_s))
 

@@ -1,29 +1,9 @@
 """The ``"default"`` policy: adaptive deactivate ratio plus a cost/benefit activation gate (design/scheduling.md §3.1).
 
-Decisions, with ``R = ctx.step_required_samples = required_samples × trigger_parameter_sync_step``:
-
-* ``should_deactivate`` = ``is_hybrid_active``.
-* ``deactivate_wait_samples`` = ``int(R × ratio)``.
-* ``should_activate_after_step``: True if ``only_hybrid``. Otherwise
-  ``gap = ratio × R − (total_generated_samples − expected_samples)``; ``gap <= 0`` → False; else activate iff
-  ``gap × per_sample_time > switch_cost``.
-* ``update_after_step`` (skipped when ``only_hybrid`` or ``global_steps <= 0``):
-  an overhead ``last_activate_duration_s + last_deactivate_duration_s`` that is > 0 enters a window of the last 3;
-  ``switch_cost`` = the window's mean (10 s while empty). ``per_sample_time`` = Σ step_wait_times / Σ
-  step_wait_samples when both are > 0, else the last value (1000 s before any signal). Ratio:
-  Σ step_wait_samples > 0 → ``ratio = min(1, ratio + clip(Σ step_wait_samples / R, 0.02, 0.1))``;
-  else ``ratio = max(min_deactivate_ratio, ratio − 0.02)``.
-
-Where this differs from verl's code (deliberately):
-
-* verl has no lower bound on the ratio (it can go to 0 and below); we clamp at ``min_deactivate_ratio`` (0.05).
-* verl refreshes the per-sample time inside the gate, and only when a gap exists, so a cycle without a gap loses
-  its signal. Here the gate reads the same value (this cycle's signal if it has one, else the last one) without
-  mutating anything, and ``update_after_step`` stores it every cycle. Decisions match verl's wherever verl refreshes.
-* Float noise is removed where it would flip a decision: the ratio is rounded to 12 decimals after each update
-  (in floats 0.3 − 0.02 + 0.02 is 0.29999999999999993, and ``int(100 × that)`` would be 29, not 30), and the
-  threshold ``ratio × R`` is snapped to 9 decimals (``int(0.29 × 100)`` is 28 in floats). Away from such exact
-  ties the formulas are verl's.
+The ratio rises when the trainer waited for samples and falls when it did not; the gate activates when the missing
+samples times the measured per-sample time exceed the measured switch cost. The formulas, and where they
+deliberately differ from verl's code (a lower bound on the ratio, a gate that mutates nothing, float noise removed),
+are in docs/policies.md.
 """
 
 from __future__ import annotations
@@ -63,8 +43,7 @@ _THRESHOLD_DECIMALS = 9
 def deactivate_threshold(deactivate_ratio: float, ctx: DynamicScheduleContext) -> float:
     """The deactivate threshold in samples, ``ratio × step_required_samples``, snapped to 9 decimals.
 
-    The snap removes float noise so the threshold is what decimal arithmetic says: ``0.29 × 100`` is
-    28.999999999999996 in floats (``int`` of it 28, not 29) and ``0.56 × 100`` is 56.00000000000001.
+    The snap removes float noise: ``0.29 × 100`` is 28.999999999999996 in floats, whose ``int`` is 28, not 29.
 
     Args:
         deactivate_ratio: The policy's current ratio.
@@ -139,8 +118,7 @@ class ActivationEstimate:
 class DefaultDynamicSchedulePolicy(DynamicSchedulePolicyBase):
     """Adaptive policy: deactivate whenever hybrid is active, at an adaptive share of the cycle's samples.
 
-    See the module docstring for the exact rules. Unlike verl, the ratio has a lower bound,
-    ``min_deactivate_ratio`` (verl's can decrease without limit).
+    The rules are in docs/policies.md.
 
     Args:
         deactivate_ratio: Initial ratio in (0, 1]; must be >= ``min_deactivate_ratio``.
@@ -258,7 +236,7 @@ class DefaultDynamicSchedulePolicy(DynamicSchedulePolicyBase):
         return est.activate
 
     def update_after_step(self, global_steps: int, ctx: DynamicScheduleContext) -> None:
-        """Record the switch overhead and per-sample time, then adapt the ratio (see the module docstring).
+        """Record the switch overhead and per-sample time, then adapt the ratio.
 
         Args:
             global_steps: The current global step; nothing happens when it is <= 0.

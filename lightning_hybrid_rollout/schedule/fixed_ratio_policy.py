@@ -1,12 +1,5 @@
-"""The ``"fixed_ratio"`` policy: the default policy without adaptation (design/scheduling.md §3.3), for ablations.
-
-* ``should_deactivate`` = ``is_hybrid_active``; ``deactivate_wait_samples`` = ``int(step_required_samples × ratio)``
-  (the product snapped to 9 decimals, as in ``default``).
-* ``should_activate_after_step``: True if ``only_hybrid``; else a pure gap check,
-  ``ratio × step_required_samples − (total_generated_samples − expected_samples) > 0`` (no cost/benefit gate).
-* ``update_after_step`` is a no-op: the ratio keeps its initial value.
-
-Registered on a plain ``import lightning_hybrid_rollout`` (verl forgets to import it).
+"""The ``"fixed_ratio"`` policy: the ``default`` policy with a constant ratio and a plain gap check, for ablations
+(design/scheduling.md §3.3).
 """
 
 from __future__ import annotations

@@ -1,61 +1,9 @@
 """The ``"hysteresis_ratio"`` policy: verl v1's ``separate_async`` switch rule, as a baseline to compare against.
 
-Reproduces the step-switch rule of verl's newer trainer, ``PPOTrainerSeparateAsync`` with
-``trainer.v1.separate_async.hybrid_rollout.enable_switch=True`` (2026-08): ``_switch_threshold``,
-``_step_had_idle``, ``_adapt_switch_threshold``, ``_effective_switch_cost``, ``on_step_begin`` and ``on_step_end`` of
-``verl/trainer/ppo/v1/trainer_separate_async.py`` and the defaults of ``HybridRolloutSwitchConfig`` in
-``verl/trainer/config/config.py``, both as of verl-project/verl commit 890dfc3ebdd5 (PR #7373, "lend idle trainer GPUs
-to generation in separate_async"); its CPU tests are ``tests/trainer/ppo/v1/test_separate_async_step_switch_on_cpu.py``
-(mirrored in ``tests/schedule/test_hysteresis_ratio_policy.py``). The PR reports −12.6% wall time over 150 steps on
-2 hybrid + 1 standalone nodes (verl's ``docs/advance/v1_async_trainer.md`` of 2026-08-20: −10.3% over 100 steps).
-
-Rules, with ``B = ctx.step_required_samples`` (verl's ``train_batch_size``) and ``b = ctx.required_samples`` (one
-mini-batch; ``B = b × trigger_parameter_sync_step``):
-
-* **threshold** (``deactivate_wait_samples``): ``clamp(round(ratio × B), b, B)`` (Python's ``round``, as verl).
-* **deactivate** (``should_deactivate``) whenever hybrid replicas are active; the controller waits until the queue
-  holds the threshold (at once if it already does), then deactivates (verl's ``on_step_begin`` +
-  ``_wait_for_sampleable_and_switch``).
-* **idle cycle**: Σ ``step_wait_times`` > ``idle_wait_s`` (verl: the step's sample wait > the replay buffer's
-  ``poll_interval``, 2 s by default; the wait for the threshold with hybrid help is not part of either).
-* **per-sample time**: cumulative over the whole run, Σ wait seconds / Σ waited samples (``step_wait_samples``),
-  a cycle counting only if both of its sums are > 0; unknown before the first such cycle.
-* **adaptive ratio** (after each cycle, if ``adaptive_switch_threshold``), a hysteresis of
-  ``switch_threshold_release_steps`` (2) cycles in both directions: an idle cycle resets the calm count and raises
-  the idle count (saturating at 2); at 2 the ratio rises by ``switch_threshold_step_up`` (0.05) up to 1. A calm
-  cycle does the mirror image: the ratio falls by ``switch_threshold_step_down`` (0.03) down to
-  ``1 / trigger_parameter_sync_step`` (one mini-batch). The counts saturate, so after 2 idle cycles every further
-  idle cycle moves the ratio again; one cycle the other way starts over.
-* **gate** (``should_activate_after_step``), with the ratio adapted by this cycle first (as verl, which adapts and
-  then decides)::
-
-      remaining = max(0, threshold − queue)                  # queue: samples buffered for the next cycle
-      scaling   = (hybrid + standalone) / standalone         # verl: GPUs; here: replicas (see below)
-      benefit   = remaining × per_sample_time × (1 − 1 / scaling)
-      cost      = mean(last 3 activation durations) + mean(last 3 deactivation durations)
-      activate  = remaining > 0 and (benefit or cost unknown  or  benefit > cost)
-
-  so with nothing measured yet (cold start) it activates whenever the queue is short of the threshold.
-
-Where this differs from verl's code, and why:
-
-* verl's hybrid replicas start in rollout mode; here the start decision (``global_steps`` 0) applies the gate with
-  nothing measured, which activates whenever the queue is short — the same start, paid for with a measured
-  activation (which then enters the activation-cost window).
-* verl's last step never lends; here the caller does not ask after the last step (the simulator and the runtime).
-* Switch costs: verl appends a deactivation's duration before the step's decision; the controller hands a cycle's
-  switch durations to ``update_after_step``, after the gate (seed call order), so a deactivation enters the cost
-  window one cycle later than in verl. A switch that took 0.0 s is not recorded (0.0 means "none happened").
-* ``scaling``: verl divides trainer GPUs + rollout GPUs by rollout GPUs; the context carries replica counts
-  (``RateScheduleContext.num_hybrid_replicas`` / ``num_standalone_replicas``), equal ratios when replicas are the
-  same size (every simulator preset). ``scaling_factor`` overrides it; with neither, the benefit is unknown and the
-  cold-start rule decides.
-* ``queue``: ``RateScheduleContext.queue_size`` (verl's sampleable count); with a plain context,
-  ``total_generated_samples − expected_samples``.
-* The decision is made after the standalone weight sync (the seed's order; verl's PR decides just before it, and
-  verl-omni's port after it, as here).
-* Float noise: the ratio is rounded to 12 decimals after each change, so ``0.4 + 0.05 − 0.05`` stays 0.4.
-* ``only_hybrid`` (verl refuses it): always activate and wait for the whole cycle, like every built-in policy.
+Reproduces ``_switch_threshold``, ``_adapt_switch_threshold``, ``_effective_switch_cost`` and the step hooks of
+``verl/trainer/ppo/v1/trainer_separate_async.py`` with the defaults of ``HybridRolloutSwitchConfig`` (verl-project/verl
+890dfc3ebdd5, PR #7373): a threshold ratio moved with a 2-cycle hysteresis and a benefit gate scaled by the hybrid
+share. Its rules, and where and why it differs from verl's code, are in docs/policies.md.
 
 Example::
 

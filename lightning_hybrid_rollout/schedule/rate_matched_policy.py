@@ -1,49 +1,10 @@
-"""The ``"rate_matched"`` policy: threshold and activation gate from what the last cycles measured.
+"""The ``"rate_matched"`` policy: deactivate threshold and activation gate from what the last cycles measured.
 
-The default policy (design/scheduling.md §3.1) nudges its deactivate ratio by −0.02 .. +0.1 per cycle after the fact:
-from its
-initial 0.3 it needs several cycles of idle waits to reach a need far above, it keeps over-collecting for many cycles
-when the need falls, and its gate weighs a sample gap against a switch cost with a per-sample time that goes stale.
-This policy instead measures, each cycle, how many samples the trainer really needed and what a switch really costs,
-and decides from those numbers:
-
-* **need** (the deactivate threshold, ``deactivate_wait_samples``): replaying the cycle's collections
-  (``step_queue_sizes``, ``step_wait_samples``) without their waits gives the queue the first collection would have
-  needed to wait for nothing (:func:`hindsight_need`), plus a small slack. A Holt forecaster (level + trend, so
-  length drift carries over) predicts the next cycle's need; it follows rises fast and falls slowly, because a
-  missing sample costs an idle trainer while a surplus one only waits in the queue. The threshold is that need minus
-  what standalone replicas add during the deactivation.
-* **gate** (``should_activate_after_step``): the cost of *not* activating is the need's deficit over the current
-  queue times the marginal seconds per missing sample measured while the trainer waited idle (Σ wait time /
-  Σ waited samples, the seed's own signal; samples arrive slower then than the nominal rate says, since the short
-  ones are done). The cost of activating is the measured activation + deactivation time plus the wait, at the rate
-  measured while hybrid replicas helped, up to the threshold; an untried switch is priced as free, so the first
-  activation the rates call for measures it (a fixed prior fits no scale: the seed's 10 s would veto every
-  activation on a CPU miniature whose cycles wait a few seconds). Help must beat waiting by ``gate_margin_fraction``
-  of the wait (10%) plus ``gate_margin_s``. The deficit priced as idle time is the need without its
-  slack (missing slack samples make nobody wait). When standalone replicas keep up, the deficit is zero and the gate
-  never activates (the seed's step 3), whatever the switch costs.
-* **economic order quantity**: when activating, the queue may be topped up by one more cycle's expected deficit (the
-  queue drop over the last cycle plus what it waited for) if that is small enough to stay well inside the staleness
-  headroom; the next cycle then skips its own switch. Only with a measured deficit; in a rollout-bound regime it is
-  large and this is not tried.
-* **staleness budget**: samples still queued or in flight at a weight sync are carried into the next version and
-  count against its budget (the rollouter admits while ``staleness + group <= max_required_samples``, so at most
-  ``max_required_samples - step_required_samples`` = ``buffer_samples`` are carried out of a full cycle). The
-  policy plans to spend at most half of it: the threshold never exceeds ``step_required_samples`` (the cycle's own
-  consumption) and the top-up is at most ``buffer_samples // 2`` samples (:attr:`CycleForecast.top_up`), none at
-  all with ``staleness_threshold: 0`` (``buffer_samples == 0``).
-* **rates** (cold start and fallbacks): standalone and hybrid decode throughput (tokens per serving second), trainer
-  seconds per token and a Holt forecast of the mean response length give nominal samples/s and seconds/sample.
-* **cold start**: before one cycle has been measured it does not activate (measure first: it cannot know whether
-  standalone replicas suffice), except in colocated mode (``only_hybrid``), where it always activates and waits for
-  the whole cycle, like every built-in policy. A cycle with fewer collections than ``trigger_parameter_sync_step``
-  (a runtime that syncs early after the first step) teaches rates, not a need or a deficit.
-
-Inputs: the seed's :class:`~lightning_hybrid_rollout.schedule.base.DynamicScheduleContext` plus the fields of
-:class:`RateScheduleContext`, a compatible subclass (every extra field defaults to "not measured"). With a plain
-context the policy has no signal and takes the ``default`` policy's decisions, so it is safe to select in a runtime
-that does not fill the extra fields yet.
+Where ``default`` nudges its ratio after the fact, this policy measures each cycle how many samples the trainer
+really needed (:func:`hindsight_need`, forecast by a Holt smoother that follows rises fast and falls slowly) and what
+a switch really costs, and activates only when hybrid help beats waiting idle. It reads a
+:class:`RateScheduleContext`; on a plain context it takes the ``default`` policy's decisions. The rules (need, gate,
+economic-order top-up, staleness budget, cold start) are in docs/policies.md.
 
 Example::
 
@@ -214,7 +175,7 @@ def hindsight_need(queue_sizes: list[int], wait_samples: list[int], required: in
 
 @register_policy("rate_matched")
 class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
-    """Deactivate threshold and activation gate from measured needs and rates (see the module docstring).
+    """Deactivate threshold and activation gate from measured needs and rates (docs/policies.md).
 
     Args:
         deactivate_ratio: Initial ratio of the ``default`` fallback (plain context only).
@@ -350,9 +311,7 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
         return est
 
     def _switch_s(self) -> tuple[float, float]:
-        # An untried switch is priced as free (optimism under uncertainty): the first activation the measured rates
-        # call for then measures it. A fixed prior cannot fit every scale: the seed's 10 s would veto every
-        # activation where a cycle's waits are a few seconds (a CPU miniature), and hybrid help is never measured.
+        # An untried switch is priced as free: no fixed prior fits every scale, and the first activation measures it.
         act = self._activate_s if self._activate_s is not None else 0.0
         deact = self._deactivate_s if self._deactivate_s is not None else 0.0
         return act, deact
@@ -394,13 +353,11 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
         threshold = math.ceil(min(float(ctx.step_required_samples), max(0.0, need_first - ps * deact)))
         q = float(ctx.queue_size if queue_size is None else queue_size)
         K = float(ctx.step_required_samples)
-        # Seconds per missing sample: idle (hybrid asleep), at the marginal rate measured while the trainer waited
-        # (samples arrive slower then than the nominal rate says: the short ones are done); with hybrid help, the
-        # rate measured over substantial hybrid waits, else the nominal one slowed down the same way.
+        # Seconds per missing sample, at the marginal rates measured while waiting (slower than nominal: the short
+        # samples are done by then).
         idle_s = max(est["wait_s_per_sample"] or 1.0 / ps, 1.0 / ps)
         hybrid_s = est["hybrid_wait_s_per_sample"] or idle_s * ps / (ps + ph)
-        # Option "idle": the first collection's deficit is made up by standalone replicas alone. The slack is a
-        # margin for the threshold, not samples the trainer would wait for: it is not priced as idle time.
+        # Option "idle": standalone replicas alone make up the deficit. The slack is a margin, not priced as idle.
         deficit = max(0.0, need_first - self.target_slack_fraction * R - q)
         wait_without = deficit * idle_s
 
@@ -410,13 +367,8 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
 
         # Option "activate": top the queue up to the threshold.
         cost_with = activation_cost(threshold)
-        # Option "activate and top up one more cycle" (economic order quantity): if the next cycle's expected
-        # deficit is small, the next cycle can skip its own switch; credit what it would pay. Queued samples count
-        # against the next version's staleness budget, so the top-up must stay well inside it: at most
-        # ``staleness_headroom`` (half of ``buffer_samples``, none without a budget); in a rollout-bound regime the
-        # deficit is large and it is not tried. Only a measured deficit counts: with none (nothing measured, or
-        # only a short first cycle) the next cycle may need no switch at all, and crediting one would activate for
-        # the slack alone.
+        # Option "activate and top up one more cycle" (economic order quantity), inside the staleness headroom and
+        # only for a measured deficit: crediting an unmeasured one would activate for the slack alone.
         measured_deficit = max(0.0, est["deficit"] or 0.0)
         next_deficit = measured_deficit + self.target_slack_fraction * R
         top_up = 0
@@ -434,11 +386,7 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
     def staleness_headroom(ctx: DynamicScheduleContext) -> int:
         """Samples the economic-order top-up may plan to carry into the next version: ``buffer_samples // 2``.
 
-        ``buffer_samples`` (``int(step_required_samples × staleness_threshold)``) is the staleness budget: the most
-        samples a full cycle can carry over a weight sync (queued or in flight) without the rollouter's admission
-        bound, ``max_required_samples``, blocking. The policy plans to spend at most half of it (the rest absorbs the
-        requests standalone replicas hold in flight at the sync and the forecast's error); with
-        ``staleness_threshold: 0`` (or a context without the budget) it plans none.
+        Half of the staleness budget; the rest absorbs the requests in flight at the sync and the forecast's error.
 
         Args:
             ctx: The decision context.

@@ -1,11 +1,7 @@
 """The ``"static_fully_async"`` policy: plain fully-async, the baseline (design/scheduling.md §3.2).
 
-* ``only_hybrid=False`` (standalone replicas exist): deactivate at once at every step start (wait threshold 0)
-  and never re-activate, so the trainer's devices stay with training, as without dynamic scheduling.
-* ``only_hybrid=True`` (rollout ``nnodes = 0``, colocated fallback): the seed promises classic colocated mode, so
-  the policy activates after every sync and, at the next step start, waits for the whole cycle's samples
-  (``step_required_samples``) before deactivating. verl's code returns False from ``should_activate_after_step``
-  here (nothing would ever generate); we do what the seed says.
+With standalone replicas the hybrid ones never help; with ``only_hybrid`` (colocated mode) they generate the whole
+cycle, as the seed promises (verl's code never activates there).
 """
 
 from __future__ import annotations
