@@ -1,19 +1,9 @@
 """Typed, validated configuration with the seed's parameter names (design/scheduling.md §2).
 
-Three dataclasses:
-
-* :class:`AsyncTrainingConfig` — the seed's ``async_training`` section: dynamic scheduling switches and the
-  fully-async staleness parameters, plus the derived sample counts (``required_samples``, ``max_required_samples``,
-  ...) every other module reads from here. They are computed in one place, :func:`derived_counts` (the runtime
-  reads them through the config's properties, the simulator through its scenario's ``async_training``).
-* :class:`RolloutConfig` — the ``rollout`` section: replica counts, per-replica concurrency, sampling and engine
-  settings.
-* :class:`HybridRolloutConfig` — both sections, plus the checks that need both (e.g. ``only_hybrid`` needs hybrid
-  replicas and no standalone ones).
-
-Every field has an attribute docstring right under it (LightningCLI/jsonargparse shows them in ``--help``;
-:func:`field_docs` reads them back). Each dataclass validates itself in ``__post_init__``; every bad value gives one
-line naming the key, the value seen and the fix, all collected into one :class:`ConfigError` (a ``ValueError``).
+:class:`AsyncTrainingConfig` (``async_training``, with the derived sample counts of :func:`derived_counts`),
+:class:`RolloutConfig` (``rollout``) and :class:`HybridRolloutConfig` (both, checked together). Every field's
+attribute docstring is its LightningCLI ``--help`` text (docs/configuration.md has the full table); every bad value
+gives one line naming the key, the value and the fix, collected into one :class:`ConfigError`.
 
 Example::
 
@@ -265,10 +255,8 @@ def derived_counts(
 ) -> DerivedCounts:
     """The derived sample counts of a run: the one formula the config, the runtime and the simulator share.
 
-    ``max_required_samples`` is verl's expression in verl's order (so the float rounding matches its runs);
-    ``buffer_samples`` follows verl's code, ``step_required_samples * threshold`` (its doc says
-    ``expected_samples * threshold``): a per-cycle constant. Pure arithmetic: the values are validated by
-    :class:`AsyncTrainingConfig`, whose properties call this.
+    ``max_required_samples`` is verl's expression in verl's order, so the float rounding matches its runs;
+    ``buffer_samples`` follows verl's code (``step_required_samples * threshold``), not its doc.
 
     Args:
         mini_batch_size: Samples per mini-batch (``async_training.mini_batch_size``).
@@ -309,9 +297,9 @@ class AsyncTrainingConfig(_ConfigBase):
     fully-async: standalone replicas only (then ``rollout.hybrid_replicas`` must be 0)."""
 
     dynamic_schedule_policy: str = "default"
-    """Registered name of the policy deciding when hybrid replicas activate/deactivate: ``default`` (adaptive ratio
-    plus cost/benefit gate), ``static_fully_async`` (baseline: never lend), ``fixed_ratio`` (ablation), or a custom
-    name registered with ``@register_policy`` before the config is built."""
+    """Registered name of the policy deciding when hybrid replicas activate/deactivate: ``default``,
+    ``static_fully_async`` (never lend), ``fixed_ratio``, ``rate_matched``, ``hysteresis_ratio`` or your own
+    (docs/policies.md)."""
 
     dynamic_schedule_deactivate_ratio: float = 0.3
     """Initial deactivate ratio, in (0, 1]: hybrid replicas are deactivated once
@@ -319,40 +307,30 @@ class AsyncTrainingConfig(_ConfigBase):
     ``only_hybrid`` forces 1.0."""
 
     dynamic_schedule_policy_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra constructor arguments of the policy, e.g. ``{gate_margin_fraction: 0.2}`` for ``rate_matched`` (its
-    tuning knobs; see docs/policies.md). Checked against the policy's signature: an unknown name is refused with
-    the closest valid one. ``deactivate_ratio`` and ``only_hybrid`` have their own keys above."""
+    """Extra constructor arguments of the policy, e.g. ``{gate_margin_fraction: 0.2}`` for ``rate_matched``; checked
+    against its signature. ``deactivate_ratio`` and ``only_hybrid`` have their own keys."""
 
     dynamic_schedule_enable_rebalance: bool = True
     """After activating hybrid replicas, clear the load balancer's sticky cache and abort + resume in-flight requests
     so least-loaded routing moves load onto the newly active (empty) replicas."""
 
     overlap_sync: bool = False
-    """At a sync boundary, ask ``should_activate_after_step`` (with the finished cycle's measurements) *before* the
-    standalone weight sync; if it will activate, offload the trainer and wake + sync the hybrid replicas
-    concurrently with the standalone sync, so the activation that follows only adds and resumes them (the
-    simulator's ``sequencing: overlap_sync``). False = the seed's order: standalone sync, then decide."""
+    """Decide the activation *before* the standalone weight sync and, if it will activate, wake and sync the hybrid
+    replicas concurrently with it. False = the seed's order: standalone sync, then decide."""
 
     early_first_sync: bool = False
-    """Sync weights after the *first* optimizer step as well (a one-step first cycle), then every
-    ``trigger_parameter_sync_step`` steps as usual: the same optimizer steps, one more sync and param version, and
-    the policy's first decision comes after one measured step instead of a whole cycle (the simulator's
-    ``early_first_sync``)."""
+    """Also sync weights after the *first* optimizer step (a one-step first cycle), so the policy's first decision
+    comes after one measured step instead of a whole cycle."""
 
     staged_standalone_sync: bool = False
-    """Standalone weight sync in two phases: every bucket first reaches the replicas while they keep generating
-    (stage), then each replica pauses once to load them (commit: in-flight requests are aborted there and continue
-    from their prefix under the new weights). Generation stops for the commit only instead of the whole transfer
-    (the simulator's ``staged_standalone_sync``). Costs one staged copy of the weights per node (CPU: shared
-    memory) or per engine (GPU: device memory) during the sync."""
+    """Standalone weight sync in two phases: the buckets reach the replicas while they keep generating (stage), then
+    each pauses once to load them (commit), so generation stops for the commit only. Costs one staged copy of the
+    weights per node (CPU) or per engine (GPU) during the sync."""
 
     standalone_sync_mode: Literal["abort", "keep"] = "abort"
-    """What a standalone weight sync does with the replicas' in-flight requests. ``abort`` (the seed's): they are
-    aborted and continue from their prefix under the new weights (a re-prefill). ``keep``: they are frozen in place
-    with their KV cache (vLLM ``pause_generation(mode="keep", clear_cache=False)``) and continue after the load
-    without a re-prefill; the tokens after the load are a new segment of the new version, so every token's weight
-    version stays exact (the KV cache of the tokens before it is the old weights': the engine's logprobs, which the
-    loss uses as the behaviour policy, are what was sampled)."""
+    """What a standalone weight sync does with in-flight requests: ``abort`` (the seed's: they continue from their
+    prefix, re-prefilled) or ``keep`` (frozen with their KV cache and continued after the load without a
+    re-prefill; the tokens after it are a new segment of the new version)."""
 
     # --- Parameters of fully-async training used by dynamic scheduling (design/scheduling.md §2)
 
@@ -660,9 +638,8 @@ class RolloutConfig(_ConfigBase):
     ``gpus_per_replica`` (a replica's actor must see all of its engine's GPUs)."""
 
     gpu_memory_utilization: float = 0.4
-    """GPU only: fraction of each GPU's memory an engine may take for weights + KV cache, in (0, 1] (vLLM's own
-    default, 0.9, assumes the engine owns the GPU; a hybrid replica shares it with the trainer). On CPU
-    ``kv_cache_memory_bytes`` sizes the cache instead."""
+    """GPU only: fraction of each GPU's memory an engine may take for weights + KV cache, in (0, 1] (low, since a
+    hybrid replica shares the GPU with the trainer). On CPU ``kv_cache_memory_bytes`` sizes the cache."""
 
     max_model_len: int | None = None
     """Longest prompt + response an engine accepts (vLLM ``max_model_len``). ``None``: ``prompt_length +
@@ -679,33 +656,28 @@ class RolloutConfig(_ConfigBase):
     (e.g. ``max_model_len``, ``dtype``, ``max_num_seqs``) is refused: set that field instead."""
 
     pin_trainer: bool = True
-    """CPU only: pin the trainer process to the hybrid replicas' cores (they take turns: the trainer trains while the
-    hybrid replica is parked, the replica generates while the trainer waits), leaving the other cores to the
-    standalone replicas."""
+    """CPU only: pin the trainer process to the hybrid replicas' cores (they take turns), leaving the other cores to
+    the standalone replicas."""
 
     # --- Parameters that control placement and failures --------------------------------------------------------
 
     standalone_resource: str | None = None
-    """Ray resource a node must advertise to host standalone replicas (e.g. ``lhr_rollout``, set on the rollout
-    nodes with ``ray start --resources '{"lhr_rollout": 8}'``); each standalone replica asks for one unit, so it
-    is placed only there. ``None``: anywhere Ray finds room (the local default). Hybrid replicas always go to the
-    trainer ranks' own nodes."""
+    """Ray resource a node must advertise to host standalone replicas (e.g. ``lhr_rollout``, set with ``ray start
+    --resources '{"lhr_rollout": 8}'``; one unit per replica). ``None``: anywhere Ray finds room. Hybrid replicas
+    always go to the trainer ranks' own nodes."""
 
     replica_health_timeout_s: float = 60.0
     """A replica that does not answer a health check within this many seconds is treated as dead: it is killed,
     its in-flight samples continue on other replicas, and a replacement starts."""
 
     max_replica_restarts: int = 3
-    """Replacements tried per replica slot in a row before giving up on that slot (a replacement that starts and
-    takes its weights resets the count). When no replica is left and none can start, the fit saves a checkpoint
-    and stops with a ``ReplicaFailureError``."""
+    """Replacements tried per replica slot in a row before giving up on it (a successful one resets the count); with
+    no replica left, the fit saves a checkpoint and stops with a ``ReplicaFailureError``."""
 
     deactivation_drain_s: float = 0.0
-    """Drain budget in seconds when hybrid replicas are deactivated: requests on them that will finish within it
-    (estimated from their remaining tokens and their measured decode rate) complete instead of being aborted; the
-    others are aborted at once and continue elsewhere from their prefix (a re-prefill); a deadline (the budget plus
-    a small margin) aborts any still running, so none is left on a sleeping replica. The trainer waits meanwhile,
-    so keep it near the abort's own cost (e.g. 0.15). 0 = the seed's deactivation: abort everything at once."""
+    """Drain budget in seconds when hybrid replicas are deactivated: requests expected to finish within it complete
+    instead of being aborted (the others continue elsewhere from their prefix). The trainer waits meanwhile, so keep
+    it near the abort's own cost (e.g. 0.15). 0 = the seed's deactivation: abort everything at once."""
 
     def __post_init__(self) -> None:
         c = _Checker(self.SECTION)
