@@ -1,17 +1,9 @@
 """Drain-aware deactivation: which in-flight requests finish within a budget, and what a drain did.
 
-When hybrid replicas are deactivated (design/scheduling.md §1: remove -> abort -> sleep), every request in flight on
-them is aborted
-and continues elsewhere from its prefix, paying a re-prefill of prompt + prefix. A *drain* with a small budget lets
-the requests that will finish within it complete instead: each request's finish time is estimated from its remaining
-tokens (``max_tokens`` minus the tokens generated so far) and its own measured decode rate (tokens since its first
-token over the time since); the others are aborted at once, and a deadline (the budget plus a small margin) aborts
-whatever is still running, so a drain never outlives its bound and never leaves a request on a replica that goes to
-sleep. A budget of 0 aborts everything at once (the seed's behaviour).
-
-:class:`RequestProgress` is what the engine records per request, :func:`split_by_finish` the decision (pure),
-:func:`drain_requests` the drain itself over an engine's requests (``VLLMEngine.drain``; test fakes use it too), and
-:class:`DrainReport` what a drain did (summed over replicas by the load balancer).
+Requests expected to finish within the budget (remaining tokens over their own measured decode rate) complete; the
+others are aborted at once and a deadline aborts any still running, so no request is left on a sleeping replica
+(docs/callback.md, "Drain-aware deactivation"). :func:`split_by_finish` is the pure decision, :func:`drain_requests`
+the drain over an engine's requests, :class:`DrainReport` its result.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The trainer process's one asyncio loop, running in one daemon thread.
 
-The rollout runtime creates one :class:`EventLoopThread`; the :class:`~lightning_hybrid_rollout.rollout.rollouter.
-Rollouter` produces samples on it and the runtime's control calls (weight pushes, wake/sleep of hybrid replicas) run
-on it too, so the trainer process has exactly one event-loop thread besides its own. Code on other threads hands it
-coroutines with :meth:`EventLoopThread.run`; blocking work inside a coroutine goes to ``asyncio.to_thread``.
+The rollouter produces on it and the runtime's control calls (weight pushes, wake/sleep) run on it; other threads
+hand it coroutines with :meth:`EventLoopThread.run`.
 
 Example::
 

@@ -1,12 +1,5 @@
 """Flow control (design/notes.md §3, design/scheduling.md §4.2): the in-flight cap and the admission of prompt groups
-under the staleness budget.
-
-- in flight: at most ``cap = min(active_servers * concurrent_samples_per_replica, max_required_samples)`` samples;
-- staleness: every admitted sample adds 1 to ``staleness_samples``; a prompt group of ``n`` samples is admitted
-  (whole) only while ``in_flight < cap``, the queue is not full and ``staleness_samples + n <= max_required_samples``;
-  :meth:`~lightning_hybrid_rollout.rollout.rollouter.Rollouter.reset_staleness` (once per parameter version) sets
-  ``staleness_samples = outstanding + queue size``, so no more than ``max_required_samples`` samples are admitted per
-  parameter version.
+under the staleness budget (docs/rollout.md, "Flow control and staleness").
 """
 
 from __future__ import annotations

@@ -1,29 +1,8 @@
 """Request routing across rollout replicas: sticky sessions + least-loaded, with add/remove/abort/dead handling.
 
-The :class:`LoadBalancer` is the seed's "Rollout LoadBalancer": every generation segment the
-:class:`~lightning_hybrid_rollout.rollout.rollouter.Rollouter` sends goes through :meth:`LoadBalancer.acquire`
-(pick a replica, count the request in flight) and :meth:`LoadBalancer.release` (count it out).
-
-Routing rule:
-
-1. **Sticky**: a request whose ``sticky_key`` (default: its request id) was routed before goes back to the same
-   replica while that replica is routable (a partial-rollout retry of a sample hits the replica that already holds
-   its prefix in cache). The cache is a bounded LRU (``sticky_capacity`` keys).
-2. Otherwise **least in-flight** among routable replicas; ties go to the replica registered first (stable order).
-
-A replica is *routable* when it is registered (not removed), not dead, not paused and its handle reports
-``is_alive``. A removed or dead replica never receives a new request; its in-flight requests finish or are aborted
-(:meth:`LoadBalancer.abort_replicas`). When no replica is routable, :meth:`LoadBalancer.acquire` waits for one
-(add/resume wakes it) and raises :class:`NoReplicaAvailableError` after ``acquire_timeout_s``.
-
-Deactivation of hybrid replicas (design/scheduling.md §1) maps onto this class as ``remove_replicas`` (cut routing
-first) then
-``abort_replicas`` (abort in-flight; the rollouter retries them on the remaining replicas), or
-``drain_replicas`` (requests that will finish within a small budget complete, the rest are aborted;
-:mod:`~lightning_hybrid_rollout.rollout.drain`).
-
-Not thread-safe: use it from one asyncio event loop (the rollouter's). The rollouter's control methods schedule
-onto that loop for callers in other threads.
+The seed's "Rollout LoadBalancer": every generation segment the rollouter sends is acquired here (replica picked,
+counted in flight) and released. A removed, dead or paused replica never receives a new request; the routing rule
+is described in docs/rollout.md. Not thread-safe: use it from the rollouter's event loop.
 """
 
 from __future__ import annotations
@@ -270,9 +249,8 @@ class LoadBalancer:
     ) -> ReplicaLike:
         """Pick a replica for a request and count it in flight there; wait while none is routable.
 
-        Removed and paused replicas are expected back (deactivated hybrid replicas during a training step, the only
-        replicas in colocated mode), so waiting for them never times out. The timeout runs only while no replica can
-        come back: every known replica is dead, or none is registered.
+        Removed and paused replicas are expected back, so the timeout runs only while every known replica is dead or
+        none is registered.
 
         Args:
             request_id: Unique id of this engine request (one per segment); released with :meth:`release`.
@@ -399,13 +377,9 @@ class LoadBalancer:
     ) -> DrainReport:
         """Drain-aware :meth:`abort_replicas`: requests that will finish within ``budget_s`` complete, the rest abort.
 
-        Each replica with a ``drain`` method (the real ones) decides from every request's remaining tokens and its
-        measured decode rate, lets those predicted to finish within the budget run and aborts the others at once; at
-        its deadline (the budget plus a small margin) it aborts whatever still runs. A replica without ``drain`` is
-        aborted. Then, exactly like :meth:`abort_replicas`, this waits until every request in flight on those replicas
-        when the call began has been released, re-sending the abort to stragglers (requests that reached an engine
-        after its drain), so it never returns while one of them is still running there. ``budget_s <= 0`` aborts
-        everything at once (the seed's deactivation). :meth:`remove_replicas` first, so retries land elsewhere.
+        A replica without a ``drain`` method is aborted. Then, like :meth:`abort_replicas`, it waits until every
+        request in flight at the call has been released. ``budget_s <= 0`` aborts everything at once (the seed's
+        deactivation). :meth:`remove_replicas` first, so retries land elsewhere.
 
         Args:
             replica_ids: Replicas to drain; ``None`` means every known replica.
@@ -414,9 +388,7 @@ class LoadBalancer:
             resend_interval_s: Interval between abort re-sends to requests still in flight after the drain.
 
         Returns:
-            A :class:`~lightning_hybrid_rollout.rollout.drain.DrainReport`: requests in flight at the call, drained
-            (finished within the budget), aborted (the rest), the aborted ones' tokens and re-prefill tokens (as the
-            engines reported them), and this call's wall time.
+            A :class:`~lightning_hybrid_rollout.rollout.drain.DrainReport`, summed over the replicas.
 
         Raises:
             TimeoutError: Requests were still in flight after ``timeout`` (named in the message).

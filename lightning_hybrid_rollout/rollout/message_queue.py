@@ -1,13 +1,8 @@
 """The bounded, thread-safe sample queue between the rollouter (producer) and the trainer (consumer).
 
-The rollouter's event loop runs in a background thread and puts finished samples (whole prompt groups at once,
-:meth:`MessageQueue.put_many`); the trainer's main thread blocks in :meth:`MessageQueue.wait_until` /
-:meth:`MessageQueue.get_batch`, woken once the count it waits for is buffered (not at every put). The bound is
-``max_required_samples`` (design/notes.md §3). The queue never drops a sample silently: a put that does not fit returns
-``False`` (counted in ``rejected``, or ``dropped`` once the queue is closed) and the caller keeps the sample.
-
-:meth:`MessageQueue.get_batch` records :class:`GetStats` (how long it blocked, how many samples it had to wait for)
-so the trainer side can build the controller context's ``step_wait_times`` / ``step_wait_samples``.
+Bounded by ``max_required_samples`` (design/notes.md §3); whole prompt groups go in with one put, and a put that does
+not fit returns ``False`` so no sample is dropped silently. :meth:`MessageQueue.get_batch` records :class:`GetStats`
+(time blocked, samples waited for), the source of the policy context's ``step_wait_times`` / ``step_wait_samples``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """Partial rollout: a sample is generated segment by segment, and an aborted segment is continued, not lost.
 
-A sample is generated as one or more *segments* (engine requests ``<uid>:<attempt>``, routed by the
-:class:`~lightning_hybrid_rollout.rollout.load_balancer.LoadBalancer`):
-
-- a segment an engine continued across a keep-mode weight update (``standalone_sync_mode: keep``) is kept as one
-  segment per weight version (:func:`version_pieces`), so every token's version is exact;
-- an aborted segment (deactivation, rebalance, pause) keeps what it generated, and the sample continues with
-  ``prompt + prefix`` and ``max_tokens`` reduced by it; with ``partial_rollout=False`` the prefix is thrown away and
-  the sample restarts from scratch. The kept segments' tokens and logprobs are concatenated and never exceed the
-  response length (``sampling.max_tokens``);
-- a segment whose replica died (``ReplicaDeadError`` / Ray actor death) marks the replica dead in the load balancer
-  and is retried on another replica;
-- any other error is retried after a backoff, up to ``max_segment_failures`` per sample, then the rollouter fails;
-- an engine that refuses a request without generating (a routing-order bug upstream) is retried with a growing
-  backoff, so it cannot become a hot loop.
+:class:`SampleGenerator` runs a sample's segments and :func:`settle_segment` holds the rule for one returned segment
+(kept, continued from its prefix, retried after a dead replica or an error, or split per weight version after a
+keep-mode update); the rules are described in docs/rollout.md, "Partial rollout".
 """
 
 from __future__ import annotations

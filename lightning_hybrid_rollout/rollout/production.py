@@ -1,20 +1,9 @@
 """The rollouter's producer on its own event loop: admit prompt groups, dispatch samples, deliver whole groups.
 
 :class:`ProductionLoop` is the loop side of :class:`~lightning_hybrid_rollout.rollout.rollouter.Rollouter`, which
-runs it in a background thread and turns its operations (the ``_*_async`` coroutines) into synchronous, thread-safe
-methods. All of it runs on that loop (or inline, through ``asyncio.run``, before the thread starts and after it
-stops), so none of it takes a lock.
-
-Each pass of the loop (:meth:`ProductionLoop._progress`) dispatches admitted samples while ``in_flight < cap``, or
-admits the next prompt group (:mod:`~lightning_hybrid_rollout.rollout.flow_control`). A group's samples are
-dispatched together as one batch, once the cap has room for all of them (a group larger than the cap goes in parts
-of the cap), which runs as one task, segment round after
-segment round, one replica call per round (:class:`~lightning_hybrid_rollout.rollout.partial_rollout.SampleGenerator`);
-each sample leaves the in-flight count as soon as it finishes. Once its whole
-group is finished, the group is rewarded (``reward_fn`` per sample, or a :class:`GroupScorer`'s one awaited call per
-group, which runs the reward functions off this loop) and goes into the queue in one atomic put (waiting for
-room; if the rollouter stops first, the group stays in the ``state_dict``). Wake-ups: ``_wake`` (admission or
-dispatch may proceed), ``_gate`` (open while not paused: segments may be sent), ``_space`` (the queue has room).
+turns its ``_*_async`` coroutines into thread-safe methods; everything here runs on that one loop, so nothing takes a
+lock. A group is dispatched as one batch once the in-flight cap has room for it, rewarded once all its samples are
+finished, and put into the queue in one atomic put (docs/rollout.md).
 """
 
 from __future__ import annotations

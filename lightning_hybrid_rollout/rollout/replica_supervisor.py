@@ -1,17 +1,9 @@
 """ReplicaSupervisor: finds dead or unresponsive replicas and starts their replacements.
 
-A replica is *dead* when its handle saw the actor die (a call raised
-:class:`~lightning_hybrid_rollout.errors.ReplicaDeadError`: its process was killed, its node lost) or when it did
-not answer a health check within ``health_timeout_s`` (it is then killed, so it can hold nothing back). The
-supervisor kills what is left of it and starts a replacement from the same
-:class:`~lightning_hybrid_rollout.rollout.replica.ReplicaSpec` (same role, cores and placement; the actor's
-``generation`` counts up), in the background on the runtime's loop. The owner (``RolloutRuntime``) takes each
-replacement once it is up (:meth:`ReplicaSupervisor.take_ready`), pushes the current weights to it, checks the
-checksum, and only then lets it take requests; :meth:`ReplicaSupervisor.joined` counts it in :attr:`restarts`.
-
-A replacement that fails to start is retried up to ``max_restarts`` times in a row for its slot; then the slot is
-abandoned (:attr:`abandoned`). The supervisor decides nothing about routing: the load balancer already stopped
-routing to a dead replica, and its in-flight samples continue elsewhere from their prefix (partial rollout).
+A replica whose actor died, or that missed a health check (then killed), is replaced from the same
+:class:`~lightning_hybrid_rollout.rollout.replica.ReplicaSpec` in the background; the owner pushes the current
+weights to each replacement before it takes requests, and a slot whose replacements keep failing is abandoned after
+``max_restarts`` tries. Routing is not its concern: the load balancer already avoids dead replicas.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Production per replica role: the tokens each role's replicas decoded and the seconds the role was serving.
 
-These are the ``rate_matched`` policy's inputs, read once per sync cycle with
-:meth:`~lightning_hybrid_rollout.rollout.rollouter.Rollouter.take_role_window`. :class:`RoleProduction` keeps
-cumulative totals; a :class:`RoleWindow` is the difference of the totals between two reads.
-
-A role serves while at least one of its replicas is routable in the load balancer and not under a weight sync
-(announced with :meth:`~lightning_hybrid_rollout.rollout.rollouter.Rollouter.set_syncing`), and the rollouter is
-started and not paused. The role of a replica is its ``role`` attribute (``"standalone"`` when it has none).
+The ``rate_matched`` policy's inputs, read once per sync cycle with
+:meth:`~lightning_hybrid_rollout.rollout.rollouter.Rollouter.take_role_window`. A role serves while one of its
+replicas is routable and not under a weight sync and the rollouter runs unpaused.
 """
 
 from __future__ import annotations

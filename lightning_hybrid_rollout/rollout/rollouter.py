@@ -1,31 +1,8 @@
 """The asyncio producer: prompts → generation requests → rewarded samples → :class:`MessageQueue`.
 
-The :class:`Rollouter` owns an event loop in a background thread. The trainer (main thread) drives it through
-thread-safe control methods that schedule onto that loop and wait for the result; what runs on the loop is the
-:class:`~lightning_hybrid_rollout.rollout.production.ProductionLoop` it extends.
-
-Data plane, per prompt: the prompt is tokenized once and expanded into ``n_samples_per_prompt`` samples sharing a
-``group_id`` (each with a unique ``uid``). Each sample is generated as one or more *segments* (engine requests,
-routed by the :class:`~lightning_hybrid_rollout.rollout.load_balancer.LoadBalancer`):
-
-- an aborted segment (deactivation, rebalance, pause) is retried with ``prompt + tokens generated so far`` and
-  ``max_tokens`` reduced by them (partial rollout; with ``partial_rollout=False`` the sample restarts from
-  scratch); tokens and logprobs of the segments are concatenated and never exceed the response length
-  (``sampling.max_tokens``);
-- a segment whose replica died (``ReplicaDeadError`` / Ray actor death) marks the replica dead in the load
-  balancer and is retried on another replica;
-- the finished sample records the min/max weight version of its segments and the replica of each, is rewarded by
-  ``reward_fn`` and, once its whole group is finished, the group goes into the queue in one atomic put.
-
-Exactly once: each admitted sample yields exactly one :class:`Sample` in the queue (none lost, none duplicated),
-across aborts, dead replicas, pause/resume and a ``state_dict``/``load_state_dict`` round trip.
-
-Where the rest lives: the in-flight cap and the staleness budget (design/notes.md §3, design/scheduling.md §4.2) in
-:mod:`~lightning_hybrid_rollout.rollout.flow_control`; the ``(t, active, cap)`` utilization history that
-:meth:`Rollouter.reset_staleness` returns in :mod:`~lightning_hybrid_rollout.rollout.utilization`; the production
-per replica role (the ``rate_matched`` policy's inputs, :meth:`Rollouter.take_role_window`) in
-:mod:`~lightning_hybrid_rollout.rollout.role_window`; segments and their retries in
-:mod:`~lightning_hybrid_rollout.rollout.partial_rollout`.
+The :class:`Rollouter` runs the :class:`~lightning_hybrid_rollout.rollout.production.ProductionLoop` on an event loop
+in a background thread and gives the trainer thread-safe control methods (pause, replica switches, weight-version
+windows). Partial rollout, routing, flow control and the exactly-once guarantee are described in docs/rollout.md.
 """
 
 from __future__ import annotations
@@ -299,9 +276,8 @@ class Rollouter(ProductionLoop):
         """Clear the sticky cache, abort in-flight requests on active replicas, then let them re-route least-loaded.
 
         Returns once the abort calls are answered, not once the aborted requests are back (they re-route on the
-        rollouter's loop as they come): the trainer waits ~one replica round trip, not the engines' next steps (on
-        the CPU quickstart 31 ms against 51 ms per activation). A request that reached an engine after its abort is
-        not aborted again; it finishes where it is (a rebalance is an optimisation, not a guarantee).
+        rollouter's loop as they come), so the trainer waits about one replica round trip. A request that reached an
+        engine after its abort finishes where it is: a rebalance is an optimisation, not a guarantee.
 
         Args:
             timeout: Seconds to wait for the abort calls (default ``abort_timeout_s``).
@@ -314,8 +290,7 @@ class Rollouter(ProductionLoop):
     def set_syncing(self, replica_ids: Sequence[str], syncing: bool) -> None:
         """Mark replicas as under (or done with) a weight sync: their time does not count as serving.
 
-        The engines pause in place during a sync, so the load balancer keeps them registered; this only feeds the
-        per-role serving time of :meth:`take_role_window`.
+        Only the per-role serving time of :meth:`take_role_window` reads it.
 
         Args:
             replica_ids: Replica ids (registered or not).
@@ -338,9 +313,8 @@ class Rollouter(ProductionLoop):
     def peek_role_window(self) -> RoleWindow:
         """The production window per replica role *so far*, without closing it.
 
-        Same fields as :meth:`take_role_window`; the next :meth:`take_role_window` still covers the whole window.
-        For a decision that needs the cycle's measurements before the cycle's bookkeeping ends (the callback's
-        ``overlap_sync`` asks the policy before the standalone weight sync).
+        For a decision that needs the cycle's measurements before its bookkeeping ends (``overlap_sync``); the next
+        :meth:`take_role_window` still covers the whole window.
         """
         return self._call(self._take_role_window_async(restart=False))
 

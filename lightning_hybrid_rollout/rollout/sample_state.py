@@ -1,10 +1,4 @@
-"""Admitted samples while they are generated, their prompt groups, and the checkpoint form of both.
-
-A prompt is admitted as one :class:`PromptGroup` of ``n_samples_per_prompt`` :class:`SampleState` s sharing a
-``group_id`` (``g<k>``), each with a unique ``uid`` (``g<k>-<i>``). A sample's state holds its kept segments (tokens,
-logprobs, weight version and replica of each) and its retry counts; once finished it holds the :class:`Sample` that
-goes into the queue with the rest of its group. Unfinished groups are what the rollouter's ``state_dict`` keeps.
-"""
+"""Admitted samples while they are generated, their prompt groups, and the checkpoint form of both."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """The rollout utilization history (design/scheduling.md §4.2, §4.5): ``(t, active, cap)`` points, one window per
-parameter version.
-
-The rollouter appends a point on every submit, completion, park/unpark during a pause and capacity change;
-``active`` counts samples generating or waiting for a replica (parked ones are not), ``cap`` is the in-flight cap.
-:meth:`~lightning_hybrid_rollout.rollout.rollouter.Rollouter.reset_staleness` closes the window and returns it in a
-:class:`RolloutStepStats`, the input of ``metrics.rollout_resource_utilization``.
+parameter version, returned in a :class:`RolloutStepStats` by ``Rollouter.reset_staleness``.
 """
 
 from __future__ import annotations
