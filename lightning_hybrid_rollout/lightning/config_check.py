@@ -1,19 +1,8 @@
 """Readable validation of an ``lhr`` YAML file before LightningCLI parses it.
 
-jsonargparse reports a bad value as the whole ``usage:`` text followed by, for anything inside a ``class_path``
-entry, a page of union-type diagnostics. This module checks a config file first and turns each mistake into one line
-naming the full key path, the value seen and the fix:
-
-- the ``HybridRolloutCallback`` entry: its arguments, its ``rollout`` and ``async_training`` blocks (with the config
-  classes' own validation, cross-section rules included) and the task name;
-- ``trainer``: unknown keys, the strategy name, scalar values of the wrong type (``max_steps: abc``);
-- every ``class_path`` (callbacks, loggers, ``model``, ``data``, a strategy object): that it imports, that its
-  ``init_args`` are arguments of the class, and scalar values of the wrong type;
-- the top-level keys.
-
-The checks are conservative: a value is reported only when jsonargparse would reject it too (a numeric string for
-an ``int`` passes, ``null`` passes, anything whose type is not a plain scalar, ``Literal`` or union of those is left
-to jsonargparse).
+Each mistake (callback arguments and config blocks, ``trainer`` keys, every ``class_path`` and its ``init_args``,
+the top-level keys) becomes one line naming the full key path, the value and the fix, instead of jsonargparse's usage
+text. Conservative: a value is reported only when jsonargparse would reject it too.
 """
 
 from __future__ import annotations
@@ -449,7 +438,7 @@ def check_config(config: Mapping[str, Any], prefix: str = "") -> list[str]:
 
 
 def _check_model_path(config: Mapping[str, Any], prefix: str) -> list[str]:
-    """The run's one model directory (see :mod:`.model_path`): same in the module and the engines, present."""
+    """The run's one model directory (see :mod:`~lightning_hybrid_rollout.models.model_path`): one, and present."""
     from lightning_hybrid_rollout.lightning.model_path import model_path_problems
 
     trainer = config.get("trainer")

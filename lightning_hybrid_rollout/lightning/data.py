@@ -1,14 +1,9 @@
 """Queue-backed data path: rollout ``Sample`` lists in, padded ``RolloutBatch`` tensors out.
 
-The trainer never iterates a dataset of its own. A *batch source* (a callable ``next_batch() -> list[Sample] |
-None``, attached at fit start by ``HybridRolloutCallback``) pulls one step's samples from the ``MessageQueue``;
-``QueueBatchIterable`` turns each call into one :class:`RolloutBatch`. With several ranks, rank 0 calls the
-source and broadcasts the list; every rank keeps its shard ``samples[rank::world_size]``. GRPO advantages are
-computed on the *full* list before sharding, so a group split across ranks is still normalised as a whole.
-
-The module must take its batch with the ``training_step(self, dataloader_iter)`` form (see
-:func:`next_rollout_batch`): Lightning then fetches nothing ahead, and the source is called only after every
-``on_train_batch_start`` hook (where the callback runs the deactivate path) has returned.
+A batch source attached by ``HybridRolloutCallback`` pulls one step's samples from the ``MessageQueue``; rank 0
+calls it and broadcasts, every rank keeps its shard ``samples[rank::world_size]``, and GRPO advantages are computed
+on the full list first. The module takes its batch inside ``training_step(self, dataloader_iter)`` with
+:func:`next_rollout_batch`, so nothing is fetched ahead of the callback's deactivation (docs/custom_module.md).
 """
 
 from __future__ import annotations
@@ -344,12 +339,9 @@ def _dist_rank_world() -> tuple[int, int]:
 class QueueBatchIterable(IterableDataset):
     """Iterable of :class:`RolloutBatch` es, one per call of a batch source; rank 0 fetches, all ranks shard.
 
-    Each ``next()`` calls the source exactly once (lazily: nothing is fetched ahead). With ``world_size > 1``,
-    rank 0 calls the source and broadcasts the result with ``torch.distributed.broadcast_object_list``; every
-    rank computes the advantages over the full list, then keeps ``samples[rank::world_size]``. Other ranks
-    never call their source (it need not be attached there); with ``rank`` / ``world_size`` given but no process
-    group, every rank calls its own source and keeps its shard of what it returns. A source returning ``None``
-    ends the iteration on all ranks; an exception in rank 0's source is re-raised on every rank (none hangs).
+    Each ``next()`` calls the source exactly once, nothing ahead. A source returning ``None`` ends the iteration on
+    all ranks; an exception in rank 0's source is re-raised on every rank, so none hangs. With ``rank`` /
+    ``world_size`` given but no process group, every rank calls its own source and keeps its shard.
 
     Args:
         source: The batch source; may be attached later with :meth:`attach_source`.
@@ -497,10 +489,8 @@ def _identity(item: Any) -> Any:
 class RolloutDataModule(LightningDataModule):
     """Lightning data module over a :class:`QueueBatchIterable`; its batch source is attached at fit start.
 
-    ``train_dataloader()`` is a ``DataLoader(batch_size=None, num_workers=0)``: batching and sharding happen
-    in the iterable, and the source must run in the trainer process. By default it is unbounded, so
-    ``Trainer(max_steps=N)`` ends training; set ``num_steps`` to give it a length (one epoch = ``num_steps``
-    batches; Lightning warns once that an ``IterableDataset`` has a length, which is harmless here).
+    Batching and sharding happen in the iterable (``DataLoader(batch_size=None, num_workers=0)``). Unbounded by
+    default, so ``Trainer(max_steps=N)`` ends training.
 
     Args:
         pad_token_id: Padding id for :func:`collate_samples`.

@@ -1,20 +1,8 @@
 """DecodeProgressProbe: each standalone replica's generated tokens, read at the trainer's ``training`` boundaries.
 
-``lhr simulate --from-run`` fits how fast a standalone replica decodes while the trainer trains versus otherwise
-(``replica.speed_while_training``: on a CPU host the training slows the replica on the other core by ~5-15%). The
-rollouter counts a replica's tokens only when a request ends, which smears a short (0.2-0.3 s) ``training`` span
-over the requests that were running across it. So the runtime asks every standalone replica for its tokens generated
-so far (finished and in flight: ``health()``'s ``tokens_generated + tokens_in_flight``) at each boundary of a
-``training`` span and writes the answer into the trace as the counter ``generated_tokens.<replica>``
-(:data:`~lightning_hybrid_rollout.trace.GENERATED_TOKENS`; ``<replica>`` is the replica's track name, e.g.
-``standalone_0``), with its requests in flight then as ``in_flight.<replica>`` (the fit uses only the stretches
-where the replica was at least half full: a replica short of work is not a slow one).
-
-A probe must never hold up or break the run: :meth:`DecodeProgressProbe.probe` only hands one ``health()`` call per
-replica to the runtime's event loop and returns; each answer is written when it arrives. A replica whose previous
-call has not answered is skipped; a failed call is logged at debug level and dropped (a dead replica is the
-supervisor's business). A sample's time is the replica's own ``monotonic`` reading when it runs on the trainer's Ray
-node (one host: one ``CLOCK_MONOTONIC``), else the midpoint of the call on the trainer's clock.
+The trace counters ``generated_tokens.<replica>`` and ``in_flight.<replica>`` let ``lhr simulate --from-run`` fit
+``replica.speed_while_training`` (docs/simulator.md). A probe never holds up or breaks the run: it hands one
+``health()`` call per replica to the runtime's loop and returns; answers are written as they arrive, failures dropped.
 
 Example::
 

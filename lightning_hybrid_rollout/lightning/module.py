@@ -1,12 +1,7 @@
 """GRPO (PPO-clip with group-normalised advantages) for Hugging Face causal LMs, as a LightningModule.
 
-The contract every trainable module honours (``GRPOModule`` or a user's own, see ``docs/custom_module.md``):
-
-- ``policy_model``: the ``torch.nn.Module`` whose weights are synced to the rollout engines;
-- ``training_step(self, dataloader_iter)``: takes its :class:`~lightning_hybrid_rollout.lightning.data.RolloutBatch`
-  with ``next_rollout_batch(dataloader_iter)`` *inside* the step, so the batch is fetched after the callback's
-  ``on_train_batch_start`` (no prefetch);
-- ``param_version``: an int attribute the callback sets to the current weight version (staleness metrics).
+It honours the contract every trainable module does (``policy_model``, ``training_step(self, dataloader_iter)``,
+``param_version``), described in docs/custom_module.md; the loss and its options are in docs/grpo.md.
 """
 
 from __future__ import annotations
@@ -118,12 +113,8 @@ def _takes_logits_to_keep(model: nn.Module) -> bool:
 class GRPOModule(LightningModule):
     """GRPO / PPO-clip trainer for a Hugging Face causal LM fed by rollout batches.
 
-    Per step: take one :class:`RolloutBatch` (after the callback's ``on_train_batch_start``), compute token
-    log-probs, the PPO-clip loss with GRPO group advantages (token mean over all response tokens of the
-    batch), optionally a k3 KL penalty against the rollout log-probs, and log the ``train/*`` metrics.
     Optimisation is automatic (clip with ``Trainer(gradient_clip_val=1.0)``) unless ``ppo_epochs > 1`` or
-    ``micro_batch_size`` is set; then it is manual, clipping with ``grad_clip``, and ``trainer.global_step``
-    counts optimizer steps (``ppo_epochs`` per batch).
+    ``micro_batch_size`` is set; then it is manual, clipping with ``grad_clip`` (docs/grpo.md).
 
     Args:
         model_path: Hugging Face model directory, loaded lazily (float32) in :meth:`configure_model`. Leave it out
@@ -153,14 +144,9 @@ class GRPOModule(LightningModule):
         shared_prompt_forward: Run each prompt a batch's rows share (a GRPO group's ``n`` samples) through the
             model once and its rows' responses on top of its cache (:mod:`~.shared_prompt`): the same log-probs
             and gradients, without ``n - 1`` of each group's prompt forwards and backwards, but two model calls
-            per micro-batch instead of one. ``None`` (default): on for a model on the CPU, off on a GPU (measured:
-            the CPU miniature's step 0.59-0.64x the time; a 135M model's step on an H200 1.2-2.0x, its two calls
-            per micro-batch and the masked attention's backward cost more than the prompt's FLOPs it saves).
-            ``True``: on; ``False``: off. When on, the first batch that shares prompts also checks it against the
-            plain forward, and a model that cannot (gradient checkpointing, no cache) or disagrees (beyond 1e-3,
-            or 5e-2 in half precision or under autocast) falls back to the plain forward with one warning.
-            Single-process training only (sharded strategies need the same model calls on every rank; there it
-            is off).
+            per micro-batch instead of one. ``None`` (default): on for a model on the CPU, off on a GPU (where
+            it measured slower); ``True``: on; ``False``: off. A model that cannot or disagrees on the first shared
+            batch falls back to the plain forward with one warning. Single-process training only.
 
     Example::
 

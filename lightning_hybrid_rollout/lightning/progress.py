@@ -1,12 +1,5 @@
 """A rich progress bar for hybrid-rollout runs: step, reward, queue size and active hybrid replicas, short labels.
 
-Lightning's default bar shows every ``prog_bar=True`` metric under its full name (``dynamic_resource/mq_size``) and
-the logger's ``v_num``; a GRPO run then overflows the line and never shows the reward (logged without
-``prog_bar``). :class:`HybridRolloutProgressBar` shows::
-
-    Training ━━━━━━━━━━━━━━━━━━━━ 40/160 0:01:12 • 0:03:36 0.55it/s step: 40 reward: 0.625 samples/s: 21.3
-    queue: 118 hybrid: 0
-
 Example::
 
     trainer = Trainer(callbacks=[HybridRolloutProgressBar(), HybridRolloutCallback(...)])

@@ -1,26 +1,10 @@
 """The trainer ranks' protocol at a sync boundary: who offloads, who stays, exactly one broadcast per boundary.
 
-Only global rank 0 runs the controller, so only rank 0 knows whether the hybrid engines are about to wake on the
-trainer's devices. Every other rank must learn it from rank 0, by one collective broadcast per boundary; a rank that
-waits for a message rank 0 never sends (or skips one it sends) deadlocks the run. :class:`BoundaryProtocol` is the
-one place that decides what is sent, so the rules below hold by construction:
-
-1. A *boundary* is every point where rank 0 may wake hybrid engines: the start decision of a fit, the end of each
-   sync cycle (``after_sync``, with or without ``overlap_sync``), and the restore of a resumed fit. Rank 0 calls
-   :meth:`~BoundaryProtocol.open` when one starts and :meth:`~BoundaryProtocol.close` when it is over; every other
-   rank calls :meth:`~BoundaryProtocol.follow` once at the same boundary.
-2. Rank 0 sends exactly one message per boundary: ``"offload"`` the first time the boundary needs the trainer's
-   devices (:meth:`~BoundaryProtocol.need_devices`, called right before hybrid engines wake: an activation, the
-   ``overlap_sync`` preparation, a restored active state), else ``"stay"`` at :meth:`~BoundaryProtocol.close`. A
-   second ``need_devices`` in the same boundary (overlap prepared, then the activation) sends nothing more.
-3. Every rank offloads its training state before the engines wake: on ``"offload"`` each rank offloads, then all
-   meet at a barrier, so rank 0 returns from ``need_devices`` (and wakes the engines) only once every rank's
-   devices are free. (A later ``need_devices`` of the same boundary only re-checks rank 0's own offload, a no-op.)
-   No rank onloads inside a boundary; the next cycle's start onloads every rank.
-4. ``open`` while a boundary is open, ``close``/``need_devices`` outside one, raise :class:`RankProtocolError`:
-   a mistake in the caller shows as an error on rank 0, not as a hang. (An error rank 0 raises for another reason
-   inside a boundary, e.g. a failed weight push, still leaves the other ranks waiting in their collective until the
-   process group's timeout, as with any collective.)
+Only rank 0 runs the controller, so the other ranks learn from one broadcast per boundary whether the hybrid engines
+are about to wake on their devices; a missed or extra message would deadlock the run. :class:`BoundaryProtocol` is
+the one place that decides what is sent: ``"offload"`` the first time a boundary needs the devices (every rank
+offloads, then all meet at a barrier before the engines wake), else ``"stay"`` when it closes; misuse raises
+:class:`RankProtocolError` on rank 0 instead of hanging (docs/callback.md).
 
 Example::
 

@@ -1,22 +1,9 @@
 """Shared-prompt log-probs: each distinct prompt of a batch runs through the model once, its rows continue from it.
 
-A GRPO batch holds ``n`` samples per prompt: every group's rows start with the same prompt tokens. The plain forward
-(:meth:`GRPOModule.token_logprobs` without this) runs every row's prompt through the model again, ``n`` times per
-group. Here each distinct prompt runs once (``use_cache=True``), its key/value cache is repeated for the group's rows
-(``Cache.batch_select_indices``), and only the response tokens run on top of it, at their true positions. Attention
-still sees the whole prompt, and the gradient flows through the shared cache into the prompt's computation, so the
-log-probs and the gradients are those of the plain forward up to float rounding (the idea of Prefix Grouper,
-arXiv:2506.05433, done with the model's own cache instead of a custom attention).
-
-What it saves is the prompt's share of the work: ``(n - 1) / n`` of the prompt tokens' forward and backward. On the CPU
-miniature (23 prompt tokens, 17 response tokens, ``n = 8``) a micro-batch of 32 rows trains in ~0.6x the time. Long
-reasoning responses behind short prompts gain little; long prompts (retrieval, multi-turn, few-shot) gain most.
-
-:func:`shared_prompt_logprobs` needs a Hugging Face causal LM whose forward takes ``past_key_values``,
-``position_ids`` and ``use_cache`` and returns a cache with ``batch_select_indices`` (every decoder-only model of
-``transformers`` does; gradient checkpointing turns the cache off). :class:`GRPOModule` checks it once, on its first
-batch that shares prompts, against the plain forward, and falls back to the plain forward with one warning when the
-two disagree or the model cannot do it (``shared_prompt_forward``).
+Each distinct prompt runs once with ``use_cache=True``, its key/value cache is repeated for the group's rows and only
+the responses run on top, so the log-probs and gradients match the plain forward up to rounding while ``(n - 1) / n``
+of the prompt work is saved (the idea of Prefix Grouper, arXiv:2506.05433). :class:`GRPOModule` checks it once
+against the plain forward and falls back with a warning (docs/grpo.md, ``shared_prompt_forward``).
 
 Example::
 

@@ -1,22 +1,8 @@
 """Validation that scores generated answers with the run's own reward functions and reports pass@k.
 
-A :class:`ValidationSet` holds a run's held-out prompts (its source's ``validation_records()``), rendered with the
-run's :class:`~lightning_hybrid_rollout.sources.PromptRenderer` (prompts over ``prompt_length`` tokens are skipped
-and counted). :meth:`ValidationSet.generate_and_score` answers one batch of them with the trainer's Hugging Face
-model and scores each prompt's ``n`` answers with ONE reward-runner call, in the convention the rollouter uses
-(TRL's: see :func:`~lightning_hybrid_rollout.lightning.workload.group_reward_input`):
-
-- generation: left-padded prompts with an attention mask, ``max_new_tokens`` (the run's ``response_length``), the
-  run's stop tokens as ``eos_token_id``, greedy for ``n == 1`` without a temperature, sampling otherwise
-  (``top_k``/``top_p`` off, so samples follow the model's distribution at that temperature);
-- each answer is cut at its first stop token and decoded without special tokens; a chat prompt reaches the reward
-  functions as its message list and each answer as ``[{"role": "assistant", "content": text}]``;
-- a sample passes when its reward is ``>= pass_threshold``; pass@k is the unbiased estimator of Chen et al. (2021),
-  :func:`pass_at_k`, averaged over prompts.
-
-A :class:`ValidationResult` keeps sums, so :meth:`ValidationResult.merge` of per-batch results gives the exact
-metrics of the whole set (never a mean of batch means); :meth:`ValidationResult.metrics` names them with the
-constants below.
+:class:`ValidationSet` answers the source's held-out prompts with the trainer's model and scores each prompt's ``n``
+answers with one reward-runner call, in the rollouter's convention; :class:`ValidationResult` keeps sums, so merged
+batches give the exact metrics of the whole set (docs/grpo.md).
 
 Example::
 

@@ -1,20 +1,9 @@
 """What a run trains on: a prompt source, how its prompts are rendered, its reward functions and its stop tokens.
 
-A :class:`Workload` joins the user's three inputs (a model directory's tokenizer, a prompt source, reward
-functions) to the rollouter's two seams:
-
-- :class:`PromptFeed` turns the source's :class:`~lightning_hybrid_rollout.sources.PromptRecord` s into prompt items
-  (chat template applied, tokenized, too-long prompts skipped and counted); its position is the source's, saved in
-  the rollouter's ``state_dict`` with the groups it produced;
-- :class:`SampleGroupScorer` decodes a finished group (special tokens dropped, cut at the first stop token) and
-  scores it with one awaited call to the :class:`~lightning_hybrid_rollout.rewards.RewardRunner` (TRL's calling
-  convention, off the rollouter's loop).
-
-:func:`load_workload` builds the callback's workload with the model's tokenizer; :func:`attach_batch_source` hands
-the trainer's data module its batch source.
-
-A sample's ``metadata`` holds the row's other columns (the reward functions' keyword arguments) and, under
-:data:`PROMPT_KEY`, the row's index and epoch and, for a chat prompt, its messages.
+A :class:`Workload` joins the user's tokenizer, prompt source and reward functions to the rollouter's two seams:
+:class:`PromptFeed` (rendered, tokenized prompt items whose position is checkpointed with the rollouter) and
+:class:`SampleGroupScorer` (one awaited reward-runner call per finished group, TRL's convention). See
+docs/workloads.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
 """The contract every hybrid strategy implements, and the shared machinery behind it.
 
-A *hybrid* strategy lends the trainer's devices to rollout replicas between training steps. Before the replicas are
-activated, :meth:`HybridStrategyMixin.offload_training_state` moves the training state (parameters, gradients,
-buffers, optimizer state) to host memory and frees the device memory; before the next training step
-:meth:`HybridStrategyMixin.onload_training_state` moves it back, bit-exact.
-:meth:`HybridStrategyMixin.iter_full_weights` streams the full, unsharded, HF-named weights of the policy model in
-buckets, for the weight sync to the engines.
-
-The callback (``HybridRolloutCallback``) calls, in this order, per activation cycle::
-
-    for bucket in strategy.iter_full_weights(bucket_bytes):   # every rank, in lockstep (collectives inside)
-        ...push bucket to the standalone replicas...
-    strategy.offload_training_state()                        # -> seconds, also in strategy.last_offload_s
-    ...push weights to the hybrid replicas, activate them, rollout...
-    strategy.onload_training_state()                         # -> seconds, also in strategy.last_onload_s
-
-On a CUDA root device, offload copies every tensor that lives on the device into (pinned) host memory, swaps it in,
-synchronizes and calls ``torch.cuda.empty_cache()``; onload copies it back. On a CPU root device there is no device
-memory to free: offload still copies every tensor into a fresh host staging buffer and swaps it in (and onload
-copies it back), so the very same code path, its bookkeeping and its cost are exercised and measured on CPU.
+A *hybrid* strategy lends the trainer's devices to rollout replicas between training steps: it offloads the training
+state to host memory and onloads it back bit-exact, and streams the full HF-named weights in buckets for the weight
+sync. On CPU the same copies run, so the path and its cost are exercised there too. The contract, its rules and what
+offload does per strategy are in docs/strategies.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """``HybridDeepSpeedStrategy`` ("hybrid_deepspeed", "hybrid_deepspeed_stage_{1,2,3}"): ZeRO with offload / onload.
 
-Lightning's ``DeepSpeedStrategy`` refuses anything but CUDA. DeepSpeed itself runs on the CPU through its CPU
-accelerator (chosen automatically when no GPU is present, or with ``DS_ACCELERATOR=cpu``), so this strategy lifts
-Lightning's three CPU blockers and nothing else: the CUDA-only accelerator check, the device-index check (CPU
-devices have no index) and ``deepspeed.initialize(args=Namespace(device_rank=None))`` (the local rank is passed
-instead). The first CPU run JIT-compiles DeepSpeed's shared-memory comm op (about a minute); set
-``TORCH_EXTENSIONS_DIR`` to a persistent directory to pay that once.
+It also runs on the CPU, lifting exactly Lightning's three CUDA-only blockers (docs/strategies.md, "DeepSpeed on the
+CPU").
 """
 
 from __future__ import annotations
@@ -37,15 +33,8 @@ if TYPE_CHECKING:
 class HybridDeepSpeedStrategy(HybridStrategyMixin, DeepSpeedStrategy):
     """DeepSpeed ZeRO 1-3 whose training state can be offloaded between steps; also runs on the CPU.
 
-    Offload uses DeepSpeed's own ``engine.offload_states()`` / ``reload_states()`` (fp32 master weights, model
-    weights, gradient partitions, gradient buckets, Adam moments). DeepSpeed allows that for ZeRO-3 only with its
-    ``FusedAdam``; with any other optimizer (e.g. ``torch.optim.AdamW`` from ``configure_optimizers``) this strategy
-    lets DeepSpeed move the model weights, gradients and buckets and moves the fp32 master partitions and every
-    optimizer state tensor itself, the same way DeepSpeed does. DeepSpeed's reload sends every optimizer state
-    tensor to the device, host-resident ones included (torch Adam's ``step``): the strategy puts those back.
-
-    :meth:`iter_full_weights` reads the (replicated) module weights on ZeRO 1/2 and gathers bucket by bucket with
-    ``deepspeed.zero.GatheredParameters`` on ZeRO-3 (not while offloaded there: stream before offloading).
+    Offload uses DeepSpeed's ``engine.offload_states()`` / ``reload_states()``, completed by the strategy where
+    DeepSpeed leaves state behind (docs/strategies.md). On ZeRO-3 stream the weights before offloading.
 
     Args:
         *args: forwarded to :class:`~lightning.pytorch.strategies.DeepSpeedStrategy` (``stage``, ``config``, ...).

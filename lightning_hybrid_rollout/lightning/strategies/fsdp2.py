@@ -59,11 +59,8 @@ class HybridFSDP2Strategy(HybridStrategyMixin, ModelParallelStrategy):
     model as the root unit, over the data-parallel mesh (all ranks by default). Trainable parameters outside the
     policy model then raise: shard them yourself in ``configure_model``.
 
-    Offload moves the local shards (parameters, gradients), buffers and optimizer state to host memory with an
-    explicit copy (this is not FSDP2's ``CPUOffloadPolicy``, which keeps parameters on the host during training);
-    FSDP2's bookkeeping is refreshed through ``FSDPModule._apply``. The full-weight stream all-gathers one tensor
-    at a time (``DTensor.full_tensor()``), so peak extra memory is one full tensor plus one bucket, and works while
-    offloaded (shards travel to the device for the collective, one at a time).
+    The full-weight stream all-gathers one tensor at a time, so its peak extra memory is one full tensor plus one
+    bucket; it works while offloaded.
 
     Args:
         data_parallel_size: FSDP sharding group size; ``"auto"`` uses every rank (world size / tensor parallel).
