@@ -1,66 +1,18 @@
 """A scenario fitted to a real run: the simulator's parameters measured from the run's trace, metrics and config.
 
-``lhr simulate --from-run RUN_DIR`` (issue #15, build 1). :func:`calibrate` reads what a run recorded (its
-``trace.json``, :mod:`lightning_hybrid_rollout.trace`; optionally its ``metrics.csv`` and saved ``config.yaml``)
-and returns a :class:`Calibration`: a :class:`~lightning_hybrid_rollout.sim.scenario.Scenario` with one run, the
-run's own split and options, and one :class:`FittedParameter` per scenario number saying its value, its spread
-over the run's sync cycles, how many observations it rests on and where it came from. What the run did not record
-keeps the default (of the class, or of a ``defaults`` scenario) and says so (``source`` starts with ``default``).
-
-What is read from where (docs/simulator.md, "Calibrating from a real run"):
-
-* the split: the devices the trace's tracks describe (``trainer/trainer``, ``replica/<kind>_<i>``);
-* decode rates: the running totals ``decoded_tokens.<role>`` / ``serving_s.<role>`` per sync cycle, per replica
-  (each replica's throughput at its concurrency); ``tokens_per_s`` is that throughput divided by the model's
-  ``X(m) / tokens_per_s = m / (1 + batch_slowdown·(m − 1))`` averaged over the role's ``active`` spans inside the
-  counted window (the trainer's first span to the last cycle's end), ``m`` from the ``in_flight`` counter (held at
-  its first value before its first sample), or at ``m = cap`` without one; ``batch_slowdown`` not measured. A run
-  whose hybrid replicas never served (a static run) gets ``hybrid_replica.tokens_per_s`` = ``hybrid_speed_ratio``
-  (:data:`HYBRID_SPEED_RATIO`, an assumption) × the standalone one; ``replica.speed_while_training``: the standalone
-  replicas' ``generated_tokens.<replica>`` counters (read at the trainer's ``training`` span boundaries), their rate
-  inside those spans over the rate outside (``tokens_per_s`` is then the rate outside);
-* the trainer: ``training`` spans × devices over the trained tokens (``trained_tokens`` + ``trained_samples`` ×
-  ``prompt_tokens``) per cycle; ``step_overhead_s``: the trainer track's time outside its spans (Lightning's loop,
-  logging, the cycle's bookkeeping) per training span;
-* lengths: the mean trained response length per cycle (``trained_tokens`` / ``trained_samples``), a line over the
-  cycles (``mean_tokens``, ``drift_per_step``; the first cycle, biased to the responses that finish first, is left
-  out when there are three or more), or the per-step ``train/response_length_mean`` of ``metrics.csv`` when the
-  trace has fewer than three cycles; ``sigma`` from the within-cycle spread (``trained_tokens_sq``), and
-  ``mean_tokens`` (and ``sigma``) chosen so that the model's log-normal, clipped at one token and
-  ``rollout.response_length``, has the measured mean (and spread); ``prompt_tokens`` = ``trained_prompt_tokens`` /
-  ``trained_samples``;
-* switch costs: the trainer's ``weight_sync`` spans (``standalone_sync_s``; ``hybrid_sync_s`` when it has its own),
-  its ``switching`` spans by ``args.op`` (the simulator's one per pool method), or, for the runtime's one
-  ``activate`` / ``deactivate`` span, split by the hybrid replica's own spans inside it (wake until its ``syncing``
-  span, the hybrid sync, ``add`` + ``resume`` after; remove + abort until its ``switching`` span, sleep after);
-  ``standalone_commit_s``: the standalone replicas' ``syncing`` spans of a staged sync; a cost the run never paid
-  (a static run's hybrid wake, sync, sleep, ...) is its default scaled as the measured ``standalone_sync_s`` is
-  (the defaults' proportions at this run's speed: an assumption);
-* the workload and the run's options: the saved config's ``async_training`` and ``rollout`` sections (found
-  anywhere in ``config.yaml``, e.g. in the Lightning CLI's layout), else the trace (samples per training span,
-  training spans per cycle, the simulator's run metadata).
-
-Values are the totals' ratios (token-weighted), spreads the interquartile range of the per-cycle values.
-
-:meth:`Calibration.scenario_for` swaps the measured run for another of the same workload (another policy, static
-instead of dynamic): a prediction. The standalone rate converts between a run whose hybrid replicas serve and one
-where they never do, in both directions by :data:`STANDALONE_SPEED_WITH_HYBRID` (the standalone replicas' speed
-beside a busy trainer device, which a serving run keeps busy nearly throughout: a figure of the machine, not the
-run's own ``replica.speed_while_training``, which does not carry over from one run to the next);
-``benchmarks/planner_fidelity.py`` measures how well the swap predicts, issue #15.
-
-The pieces: the result types (:mod:`~lightning_hybrid_rollout.sim.calibration`), the run's files and trace cycles
-(:mod:`~lightning_hybrid_rollout.sim.run_reading`), the decode rates (:mod:`~lightning_hybrid_rollout.sim.rate_fit`),
-the workload and the run's options (:mod:`~lightning_hybrid_rollout.sim.workload_fit`), the lengths
-(:mod:`~lightning_hybrid_rollout.sim.length_fit`), the switch costs (:mod:`~lightning_hybrid_rollout.sim.switch_fit`);
-this module fits the split and the trainer, and puts the scenario together.
+``lhr simulate --from-run RUN_DIR``: :func:`calibrate` returns a :class:`Calibration`, a one-run
+:class:`~lightning_hybrid_rollout.sim.scenario.Scenario` with one :class:`FittedParameter` per number (value,
+spread over the sync cycles, observations, source; unmeasured ones keep their default and say so), and
+:meth:`Calibration.scenario_for` swaps the run for another of the same workload, a prediction. What is read from
+where is in docs/simulator.md, "Calibrating from a real run"; this module fits the split and the trainer and puts the
+scenario together from the ``*_fit`` modules.
 
 Example::
 
     from lightning_hybrid_rollout.sim.calibrate import calibrate_run
 
     fit = calibrate_run("tests/data/cpu_miniature_default_8_steps")
-    print("\\n".join(fit.lines()))
+    print("\n".join(fit.lines()))
     fit.write_yaml("fitted.yaml")  # edit, then: lhr simulate fitted.yaml
 """
 

@@ -1,21 +1,6 @@
 """The replicas' decode rates fitted to a run (:mod:`~lightning_hybrid_rollout.sim.calibrate`'s ``replica.*`` and
-``hybrid_replica.*``).
-
-Each role's throughput per replica is its running totals ``decoded_tokens.<role>`` / ``serving_s.<role>`` per sync
-cycle; ``tokens_per_s`` is that throughput over the model's ``X(m) / tokens_per_s = m / (1 + batch_slowdown·(m − 1))``
-averaged over the role's ``active`` spans inside the counted window (:func:`occupancy`, ``m`` from the ``in_flight``
-counter), or at ``m = cap`` without one. Hybrid replicas that never served (a static run) get ``hybrid_speed_ratio``
-× the standalone rate: an assumption.
-
-``replica.speed_while_training`` comes from the standalone replicas' ``generated_tokens.<replica>`` counters, which
-the runtime reads at every boundary of the trainer's ``training`` spans with ``in_flight.<replica>``: over the
-stretches between two readings, the tokens decoded inside those spans per served second (the replica's ``active``
-spans) × ``g(m)`` (``m`` the readings' requests in flight, at most the track's concurrency), against the same outside
-them; a stretch with the replica less than half full at either end is left out (a replica short of work is not a slow
-one). ``replica.tokens_per_s`` then is the rate outside the training spans: the running totals' average, which
-mixes both, divided by ``1 − f + r·f`` (``info.standalone_average_over_outside_training``; ``f`` the share of the
-replicas' ``active`` time inside the spans, ``r`` the ratio); an assumed hybrid rate is ``hybrid_speed_ratio`` × the
-average. A run without those counters keeps the default 1.
+``hybrid_replica.*``): per-role throughput from the running totals, and ``replica.speed_while_training`` from the
+``generated_tokens.<replica>`` counters (docs/simulator.md, "Calibrating from a real run").
 """
 
 from __future__ import annotations

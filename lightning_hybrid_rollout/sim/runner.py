@@ -1,21 +1,9 @@
 """The trainer side of the simulator: runs the REAL controller and policies against a simulated replica pool.
 
-Per run, on the virtual clock of a :class:`~lightning_hybrid_rollout.sim.world.RolloutWorld` (design/notes.md §1,
-design/scheduling.md §1,
-``docs/architecture.md`` "Per training step")::
-
-    t = 0: rollouter starts (standalone replicas serving); with hybrid replicas: controller.after_sync(0, ctx)
-           (the policy decides whether hybrid replicas help fill the queue for the first cycle)
-    for each param version v = 0 .. steps-1, for each of the trigger_parameter_sync_step micro fit-steps:
-        controller.before_step(v, ctx, wait_for_samples)   # should_deactivate -> wait -> remove, abort, sleep
-        wait until the queue holds required_samples; take them; train (trainer compute model)
-        last micro-step: weight sync to standalone replicas (paused, in-flight aborted), version v+1 published,
-            controller.after_sync(v+1, ctx) (not after the last step)  # activate: wake, sync, add, resume, rebalance
-            rollouter.reset_staleness(); the cycle's dynamic_resource/* metrics (metrics.cycle_metrics)
-
-The pool's methods advance the virtual clock by the scenario's switch costs while the trainer is blocked; the
-rollout world keeps generating meanwhile. Every second of the trainer's timeline goes to exactly one
-:data:`BREAKDOWN_KEYS` bucket, so a run's breakdown sums to its ``time_s``.
+Each run follows the runtime's per-step order (design/scheduling.md §1) on the virtual clock of a
+:class:`~lightning_hybrid_rollout.sim.world.RolloutWorld`; the pool's methods advance that clock by the scenario's
+switch costs while the rollout side keeps generating, and every second of the trainer's timeline goes to exactly one
+:data:`BREAKDOWN_KEYS` bucket (docs/simulator.md, "What is modelled").
 
 Example::
 

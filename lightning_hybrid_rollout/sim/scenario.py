@@ -1,22 +1,10 @@
 """Scenario description for the simulator: the workload, the hardware model, the switch costs and the runs.
 
-A scenario is plain data (a YAML file or a preset from :mod:`lightning_hybrid_rollout.sim.presets`). Everything a
-run's time depends on is here, so two runs of one scenario differ only in what their :class:`RunSpec` says: the
-split of devices, whether hybrid replicas exist, and the run's own changes to the scenario's ``async_training``
-(the policy, rebalance, the sequencing and the runtime options).
-
-The training side is the runtime's own :class:`~lightning_hybrid_rollout.config.AsyncTrainingConfig`, declared and
-checked once: the scenario's ``async_training`` section (the workload: ``mini_batch_size``,
-``trigger_parameter_sync_step``, ``staleness_threshold``, and every run's default policy and options) and each run's
-``async_training`` changes (:data:`RUN_KEYS`), with the config's keys, defaults and one-line errors. The derived
-counts (``required_samples``, ``max_required_samples``, ``buffer_samples``, ...) come from
-:func:`lightning_hybrid_rollout.config.derived_counts`. The old flat keys (``required_samples``, a run's ``policy``,
-``sequencing``, ...) are refused with the new spelling.
-
-Units: seconds, tokens, devices. A *sample* is what the message queue counts (``required_samples`` per micro
-fit-step); with ``group_size > 1`` samples are admitted and delivered in groups of that size (one prompt's
-responses, as in the runtime's rollouter), with ``group_size = 1`` one sample may stand for one prompt group whose
-length is the group's decode length (verl counts prompts; the ``seed`` preset does this).
+A scenario is plain data (a YAML file or a preset) holding everything a run's time depends on, so two runs of one
+scenario differ only in their :class:`RunSpec` (the device split, hybrid replicas or not, and the run's changes to
+the scenario's ``async_training``, which is the runtime's own
+:class:`~lightning_hybrid_rollout.config.AsyncTrainingConfig`). Units: seconds, tokens, devices; a *sample* is what
+the message queue counts (docs/simulator.md, "Scenario files").
 
 Example::
 

@@ -1,24 +1,8 @@
 """The rollout side of the simulator: replicas, load balancer, rollouter and message queue on a virtual clock.
 
-The world only moves when the trainer side (:mod:`lightning_hybrid_rollout.sim.runner`) asks it to:
-:meth:`RolloutWorld.advance_to` (the trainer computes, syncs or switches for a while) or
-:meth:`RolloutWorld.run_until` (the trainer waits for samples). Its only internal events are sample completions,
-found as the earliest completion over the replicas (processor sharing: a replica's in-flight samples share its
-decode throughput, see :class:`~lightning_hybrid_rollout.sim.scenario.ReplicaModel`).
-
-Semantics mirror the runtime's rollouter (``rollout/rollouter.py``) and design/notes.md §3:
-
-* admission of a group of ``group_size`` samples only while ``in_flight < cap``, the queue is below its bound
-  (``max_required_samples``) and ``staleness_samples + group_size <= max_required_samples``; every admitted sample
-  adds 1 to ``staleness_samples``; :meth:`RolloutWorld.reset_staleness` sets it to ``outstanding + queue size``;
-* ``cap = min(Σ concurrency of routable replicas, max_required_samples)`` (the seed's
-  ``min(servers × s, maxReq)`` when all replicas share ``s``);
-* routing: least-loaded routable replica (in-flight / cap, lowest index on ties); with no routable replica a
-  sample waits (parked) until one is added;
-* partial rollout: an aborted sample keeps its prefix and is re-routed with only the remaining tokens left, plus a
-  re-prefill penalty of ``prefix × resume_prefill_ratio`` token-equivalents;
-* a group enters the queue when all its samples are finished (one atomic put);
-* the utilization history ``(t, active, cap)`` is appended on every change and closed by ``reset_staleness``.
+The world moves only when the trainer side asks (:meth:`RolloutWorld.advance_to`, :meth:`RolloutWorld.run_until`);
+its only internal events are sample completions under processor sharing. Admission, routing, partial rollout and the
+utilization history mirror the runtime's rollouter (design/notes.md §3; docs/simulator.md, "What is modelled").
 
 Example::
 
