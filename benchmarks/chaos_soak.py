@@ -271,8 +271,8 @@ class Soak:
         from lightning_hybrid_rollout.config import AsyncTrainingConfig, RolloutConfig
         from lightning_hybrid_rollout.lightning.runtime import RolloutRuntime
         from lightning_hybrid_rollout.lightning.workload import load_workload
+        from lightning_hybrid_rollout.models.tiny_model import build_tiny_model
         from lightning_hybrid_rollout.rewards import RewardConfig
-        from lightning_hybrid_rollout.tasks.tiny_model import build_tiny_model
 
         a = self.args
         root = Path(a.root)

@@ -29,8 +29,9 @@ of steps, with its standard error), the trainer-wait share ``1 - sum(train_compu
 sum(train_allocated_time_s)``, the hybrid activations, how core 0 was used while the trainer waited (idle, or lent
 to rollout), the switch costs per pool operation and the machine's load average (the machine may be shared), then
 the run's balance bound and efficiency with the time breakdown of the simulator
-(:mod:`lightning_hybrid_rollout.run_bound`, from the run's ``trace.json``: the bound from its own training compute,
-tokens trained and the replicas' decode rates while serving; efficiency = bound / the trainer's traced wall time).
+(:mod:`lightning_hybrid_rollout.analysis.run_bound`, from the run's ``trace.json``: the bound from its own training
+compute, tokens trained and the replicas' decode rates while serving; efficiency = bound / the trainer's traced wall
+time).
 Runs are bracketed by default (``--order bracket``): static, the dynamic policies, static, the dynamic policies, ...,
 static, i.e. ``--repeats`` rounds of dynamic runs and one static run more, round ``i``'s dynamic runs between the
 static runs ``r{i}`` and ``r{i+1}``; a dynamic run's speedup is the mean of the two static walls around it over its
@@ -267,8 +268,8 @@ def _build_model(model_dir: Path, args: argparse.Namespace) -> float:
     """Build the tiny model once and teach it the task's answer shape (random answers: design/notes.md §7)."""
     from transformers.utils import logging as hf_logging
 
+    from lightning_hybrid_rollout.models.tiny_model import build_tiny_model, warm_up_format
     from lightning_hybrid_rollout.tasks import get_task
-    from lightning_hybrid_rollout.tasks.tiny_model import build_tiny_model, warm_up_format
 
     hf_logging.disable_progress_bar()  # no "Writing model shards" bars in the benchmark's output
     t0 = time.monotonic()
@@ -308,7 +309,7 @@ def _trainer_waits(run_dir: Path) -> tuple[float, float]:
 
 def _bound(run_dir: Path) -> Any:
     """The run's balance bound, efficiency and breakdown (``run_bound.RunReport``), or None without a trace."""
-    from lightning_hybrid_rollout.run_bound import read_run
+    from lightning_hybrid_rollout.analysis.run_bound import read_run
 
     try:
         return read_run(run_dir)

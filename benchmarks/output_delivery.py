@@ -125,7 +125,7 @@ def main() -> None:
     parser.add_argument("--workdir", default=None, help="model + run dir (default: a temp dir)")
     args = parser.parse_args()
 
-    from lightning_hybrid_rollout.tasks.tiny_model import build_tiny_model
+    from lightning_hybrid_rollout.models.tiny_model import build_tiny_model
 
     os.sched_setaffinity(0, {args.core if args.core is not None else max(os.sched_getaffinity(0))})
     with tempfile.TemporaryDirectory(prefix="lhr-delivery-") as tmp:

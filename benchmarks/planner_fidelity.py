@@ -76,7 +76,7 @@ Wall times compare like with like: the real one is the trainer's traced wall of 
 ``trainer/trainer`` span to its last: what ``cpu_miniature`` prints as ``traced wall`` and divides the bound by);
 the predicted one is the same reading of the simulated run's trace (the simulator's first trainer span is at its
 time 0, the start decision, its last the final weight sync: its ``time_s``). Both by ``lhr report``'s reading
-(``lightning_hybrid_rollout.run_bound.read_run``: ``wall_s``, and ``bound_s`` for the speedup's two factors).
+(``lightning_hybrid_rollout.analysis.run_bound.read_run``: ``wall_s``, and ``bound_s`` for the speedup's two factors).
 
 Staleness (information, counted in no error figure): each table row also gives the mean version lag of the trained
 samples, real (the mean over the run's steps of ``train/staleness_mean``, ``param_version - weight_version_min``)
@@ -117,7 +117,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightning_hybrid_rollout.run_bound import read_run
+from lightning_hybrid_rollout.analysis.run_bound import read_run
 from lightning_hybrid_rollout.sim import simulate
 from lightning_hybrid_rollout.sim.calibrate import (
     HYBRID_SPEED_RATIO,

@@ -154,10 +154,10 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
+    from lightning_hybrid_rollout.models.tiny_model import build_tiny_model
     from lightning_hybrid_rollout.rollout.ray_runtime import RayRuntime
     from lightning_hybrid_rollout.rollout.replica import ReplicaSpec
     from lightning_hybrid_rollout.rollout.vllm.config import VLLMEngineConfig
-    from lightning_hybrid_rollout.tasks.tiny_model import build_tiny_model
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="lhr-bench-"))
     model_dir = build_tiny_model(work / "tiny", hidden=128, layers=2, seed=0)

@@ -99,7 +99,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model
         if model_dir is None:
-            from lightning_hybrid_rollout.tasks.tiny_model import build_tiny_model
+            from lightning_hybrid_rollout.models.tiny_model import build_tiny_model
 
             model_dir = str(Path(tmp) / "tiny")
             build_tiny_model(model_dir, hidden=64, layers=2, seed=0)

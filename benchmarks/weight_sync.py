@@ -203,8 +203,8 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
+    from lightning_hybrid_rollout.models.tiny_model import build_tiny_model
     from lightning_hybrid_rollout.rollout.ray_runtime import RayRuntime
-    from lightning_hybrid_rollout.tasks.tiny_model import build_tiny_model
 
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

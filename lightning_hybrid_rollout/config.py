@@ -468,7 +468,7 @@ class TinyModelConfig(_ConfigBase):
 
     Built only when the directory holds no model, and only inside the run's directory (``docs/security.md``); a
     random float32 ``LlamaForCausalLM`` with a character-level tokenizer
-    (:func:`~lightning_hybrid_rollout.tasks.tiny_model.build_tiny_model`). ``build_model: true`` means these
+    (:func:`~lightning_hybrid_rollout.models.tiny_model.build_tiny_model`). ``build_model: true`` means these
     defaults.
     """
 
@@ -528,7 +528,7 @@ class TinyModelConfig(_ConfigBase):
         c.raise_if_any()
 
     def build_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments of :func:`~lightning_hybrid_rollout.tasks.tiny_model.build_tiny_model`."""
+        """The keyword arguments of :func:`~lightning_hybrid_rollout.models.tiny_model.build_tiny_model`."""
         out = self.to_dict()
         out.pop("format_warmup_steps")
         return out

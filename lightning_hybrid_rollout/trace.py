@@ -1,7 +1,8 @@
 """One event trace for both worlds: the runtime and the simulator write the same Chrome trace-event JSON.
 
 A run's ``trace.json`` opens in Perfetto (https://ui.perfetto.dev) or ``chrome://tracing`` and is what
-``lhr report RUN_DIR`` and ``lhr simulate --plot`` render their PNGs from (see :mod:`lightning_hybrid_rollout.plots`).
+``lhr report RUN_DIR`` and ``lhr simulate --plot`` render their PNGs from
+(see :mod:`lightning_hybrid_rollout.analysis.plots`).
 
 The format is the standard JSON object form of the trace-event format::
 
@@ -30,7 +31,7 @@ Tracks are named ``"group/name"``: the group becomes a trace *process*, the name
   ``decoded_tokens.<role>`` / ``serving_s.<role>`` (:data:`DECODED_TOKENS`, :data:`SERVING_S`; ``role`` is
   ``standalone`` or ``hybrid``: the tokens the role's replicas decoded and the seconds it was serving, from the
   rollouter's role windows). A real run's balance bound is computed from them
-  (:mod:`lightning_hybrid_rollout.run_bound`).
+  (:mod:`lightning_hybrid_rollout.analysis.run_bound`).
 * counter :data:`GENERATED_TOKENS` ``.<replica>`` (``replica``: the track's name, ``generated_tokens.standalone_0``):
   the tokens a standalone replica has generated so far (finished and in flight), read from the replica at each
   boundary of the trainer's ``training`` spans; ``lhr simulate --from-run`` fits from it how fast the standalone

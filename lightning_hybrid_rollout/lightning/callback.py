@@ -47,12 +47,12 @@ from lightning_hybrid_rollout.config import (
 )
 from lightning_hybrid_rollout.errors import ReplicaFailureError
 from lightning_hybrid_rollout.lightning.cycle_report import CycleReport
-from lightning_hybrid_rollout.lightning.model_path import take_model_path
-from lightning_hybrid_rollout.lightning.model_prep import prepare_model
 from lightning_hybrid_rollout.lightning.overlap import OverlapSync
 from lightning_hybrid_rollout.lightning.placement import rank_node_ips
 from lightning_hybrid_rollout.lightning.trainer_side import StepTimes, TrainerSide
 from lightning_hybrid_rollout.lightning.workload import Workload, attach_batch_source, load_workload
+from lightning_hybrid_rollout.models.model_path import take_model_path
+from lightning_hybrid_rollout.models.run_model import ensure_run_model
 from lightning_hybrid_rollout.redaction import redact_logger_hyperparams
 from lightning_hybrid_rollout.rewards import RewardConfig
 from lightning_hybrid_rollout.rollout.drain import DrainReport
@@ -294,7 +294,7 @@ class HybridRolloutCallback(Callback):
                 run_dir.mkdir(parents=True, exist_ok=True)
                 from lightning_hybrid_rollout.tasks import get_task
 
-                prepare_model(self.rollout, self.build_model, lambda: get_task(self.task_name, **self.task_kwargs))
+                ensure_run_model(self.rollout, self.build_model, lambda: get_task(self.task_name, **self.task_kwargs))
             trainer.strategy.barrier("lhr_model_ready")
         # the data set, the prompts' lengths and the reward functions are checked before Ray starts (every rank:
         # each one answers its share of the held-out prompts)

@@ -24,7 +24,7 @@ from typing_extensions import override
 if TYPE_CHECKING:
     from lightning.pytorch.cli import LightningCLI
 
-_SIM_COMMANDS = ("simulate", "plan", "report")
+_SIM_COMMANDS = ("simulate", "plan")
 
 
 def cli_main(args: Sequence[str], run: bool = True) -> LightningCLI:
@@ -97,10 +97,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args and args[0] in _SIM_COMMANDS:
         from lightning_hybrid_rollout.sim import cli as sim_cli
 
-        main_fn = {"simulate": sim_cli.simulate_main, "plan": sim_cli.plan_main, "report": sim_cli.report_main}[args[0]]
+        main_fn = {"simulate": sim_cli.simulate_main, "plan": sim_cli.plan_main}[args[0]]
         raise SystemExit(main_fn(args[1:]))
+    if args and args[0] == "report":
+        from lightning_hybrid_rollout.analysis.report import report_main
+
+        raise SystemExit(report_main(args[1:]))
     if args and args[0] == "prepare-model":
-        from lightning_hybrid_rollout.lightning.prepare_model_cli import prepare_model_main
+        from lightning_hybrid_rollout.models.prepare_model_cli import prepare_model_main
 
         raise SystemExit(prepare_model_main(args[1:]))
     from lightning_hybrid_rollout.config import ConfigError

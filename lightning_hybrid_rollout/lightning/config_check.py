@@ -28,12 +28,6 @@ from lightning_hybrid_rollout.config import (
 )
 
 _CALLBACK_NAMES = ("HybridRolloutCallback",)
-#: Callback arguments that moved into a typed config, and how to write them now.
-_MOVED_CALLBACK_ARGS = {
-    "build_model_kwargs": "write its keys under `build_model:` instead, e.g. `build_model: {hidden: 128, layers: 2}`.",
-    "format_warmup_steps": "write it under `build_model:`, e.g. `build_model: {format_warmup_steps: 100}`.",
-    "wait_timeout_s": "write it as `async_training.wait_timeout_s`.",
-}
 _SUBCOMMANDS = ("fit", "validate", "test", "predict")
 _TOP_LEVEL_KEYS = ("seed_everything", "trainer", "model", "data", "ckpt_path", "weights_only", "config", "print_config")
 _MAX_LISTED = 20  # GRPOModule has 17 arguments: listed in one line (~230 characters)
@@ -293,10 +287,7 @@ def check_callback_args(where: str, init_args: Any, cls: type | None = None) -> 
     cls = cls or HybridRolloutCallback
     if not isinstance(init_args, Mapping):
         return [f"{where} must be a mapping of {cls.__name__} arguments, got {init_args!r}."]
-    moved = {k: fix for k, fix in _MOVED_CALLBACK_ARGS.items() if k in init_args}
-    problems = [f"{where}.{k} moved: {fix}" for k, fix in moved.items()]
-    rest = {k: v for k, v in init_args.items() if k not in moved}
-    problems += check_init_args(where, cls, rest, skip=("rollout", "async_training", "task", "build_model"))
+    problems = check_init_args(where, cls, init_args, skip=("rollout", "async_training", "task", "build_model"))
     if "rollout" not in init_args:
         problems.append(f"{where}.rollout is missing: add a `rollout:` block with at least `model_path:`.")
     rollout = async_cfg = None
@@ -439,7 +430,7 @@ def check_config(config: Mapping[str, Any], prefix: str = "") -> list[str]:
 
 def _check_model_path(config: Mapping[str, Any], prefix: str) -> list[str]:
     """The run's one model directory (see :mod:`~lightning_hybrid_rollout.models.model_path`): one, and present."""
-    from lightning_hybrid_rollout.lightning.model_path import model_path_problems
+    from lightning_hybrid_rollout.models.model_path import model_path_problems
 
     trainer = config.get("trainer")
     if not isinstance(trainer, Mapping):

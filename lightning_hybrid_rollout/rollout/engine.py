@@ -77,10 +77,6 @@ class RolloutEngine(Protocol):
         """Undo :meth:`sleep` (GPU: weights first, then KV cache). Returns seconds taken."""
         ...
 
-    async def update_weights(self, named_tensors_blob: bytes, version: int) -> str:
-        """Load full weights in place (safetensors bytes); returns the checksum of what was loaded."""
-        ...
-
     async def weights_checksum(self) -> str:
         """Checksum of the weights currently loaded (same function as :func:`weight_sync.checksum_state`)."""
         ...

@@ -149,15 +149,6 @@ class LoadBalancer:
             log.warning("load balancer: replica %s marked dead (%d in flight)", replica_id, len(entry.in_flight))
             self._pool_changed()
 
-    def pause_replicas(self, replica_ids: Iterable[str] | None = None) -> None:
-        """Stop routing new requests to registered replicas without removing them (see :meth:`resume_replicas`).
-
-        Args:
-            replica_ids: Ids to pause; ``None`` pauses all registered replicas.
-        """
-        for rid in self._ids_or_all(replica_ids):
-            self._entry(rid).paused = True
-
     def resume_replicas(self, replica_ids: Iterable[str] | None = None) -> None:
         """Let paused replicas accept requests again (the seed's ``resume_generation_replicas``).
 

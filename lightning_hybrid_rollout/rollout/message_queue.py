@@ -144,13 +144,6 @@ class MessageQueue:
             self._cond.notify_all()
         self._notify_listeners()
 
-    def reopen(self) -> None:
-        """Accept puts again after :meth:`close` (a restarted rollouter)."""
-        with self._cond:
-            self._closed = False
-            self._close_reason = ""
-            self._close_error = None
-
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""

@@ -74,25 +74,6 @@ def _process_tree_cpu_seconds(pid: int) -> dict[str, float]:
     return out
 
 
-def make_gpu_placement_group(
-    num_replicas: int, gpus_per_replica: float = 1.0, cpus_per_replica: int = 1, strategy: str = "PACK"
-) -> Any:
-    """A Ray placement group with one ``{"GPU": g, "CPU": c}`` bundle per replica (GPU path; pass it and the bundle
-    index in :class:`ReplicaSpec`). Blocks until the group is ready (raises if the cluster cannot fit it in 60 s)."""
-    import ray
-    from ray.util.placement_group import placement_group
-
-    pg = placement_group([{"GPU": gpus_per_replica, "CPU": cpus_per_replica}] * num_replicas, strategy=strategy)
-    try:
-        ray.get(pg.ready(), timeout=60)
-    except Exception as e:
-        raise RuntimeError(
-            f"placement group for {num_replicas} replicas x {gpus_per_replica} GPU + {cpus_per_replica} CPU did not "
-            f"become ready in 60 s; cluster resources: {ray.cluster_resources()}"
-        ) from e
-    return pg
-
-
 @dataclass
 class ReplicaSpec:
     """How to start one replica.
@@ -353,18 +334,6 @@ class ReplicaHandle:
         self._start_ref = None
         self.launch_seconds = time.perf_counter() - self._t_launch
         return self.info
-
-    @classmethod
-    async def start_many(cls, specs: Sequence[ReplicaSpec], timeout: float | None = 600.0) -> list[ReplicaHandle]:
-        """Launch several replicas in parallel and wait for all; on failure the started ones are killed."""
-        handles = [cls.launch(s) for s in specs]
-        results = await asyncio.gather(*(h.wait_ready(timeout) for h in handles), return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            for h in handles:
-                h.kill()
-            raise errors[0]
-        return handles
 
     # ---- calls ----------------------------------------------------------------------------------------------------
     @property

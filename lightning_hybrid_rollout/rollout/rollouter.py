@@ -22,10 +22,8 @@ from lightning_hybrid_rollout.rollout.load_balancer import LoadBalancer, Replica
 from lightning_hybrid_rollout.rollout.message_queue import MessageQueue
 from lightning_hybrid_rollout.rollout.production import GroupScorer, ProductionLoop
 from lightning_hybrid_rollout.rollout.prompts import PromptItem as PromptItem  # re-exported
-from lightning_hybrid_rollout.rollout.prompts import expand_prompts as expand_prompts  # re-exported
 from lightning_hybrid_rollout.rollout.role_window import RoleWindow as RoleWindow  # re-exported
 from lightning_hybrid_rollout.rollout.sample import Sample
-from lightning_hybrid_rollout.rollout.utilization import HistoryPoint as HistoryPoint  # re-exported
 from lightning_hybrid_rollout.rollout.utilization import RolloutStepStats as RolloutStepStats  # re-exported
 
 T = TypeVar("T")

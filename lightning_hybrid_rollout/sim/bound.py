@@ -56,7 +56,8 @@ def bound_from_terms(
     """The balance bound from its terms: ``max(W/T, (G + ρ·W) / (S + ρ·T))``, in seconds.
 
     The one formula of the bound, for a simulated run (:func:`balance_bound`) and a real one
-    (:mod:`lightning_hybrid_rollout.run_bound`, ``lhr report``): they differ only in how the terms are measured.
+    (:mod:`lightning_hybrid_rollout.analysis.run_bound`, ``lhr report``): they differ only in how the terms are
+    measured.
 
     Args:
         train_devices: ``T``, the trainer's devices (> 0; hybrid replicas generate on them).

@@ -1,5 +1,4 @@
-"""``lhr simulate``, ``lhr plan`` and ``lhr report``: the simulator, the planner and the trace renderer on the command
-line.
+"""``lhr simulate`` and ``lhr plan``: the simulator and the planner on the command line.
 
 ``lhr simulate [SCENARIO.yaml | --preset NAME] [--json | --markdown] [--gap] [--plot DIR] [--runs a,b] [--steps N]
 [--seed N]`` simulates every run of a scenario; ``--json`` prints exactly one JSON object::
@@ -11,7 +10,7 @@ line.
 without it a table (``--markdown``: the same tables in Markdown, as in docs/simulator.md); ``--gap`` adds where
 each run's time beyond the balance bound went (:data:`~lightning_hybrid_rollout.sim.runner.GAP_KEYS`, wall seconds);
 ``--plot DIR`` writes each run's trace (``trace_<run>.json``) and the PNGs of
-:mod:`lightning_hybrid_rollout.plots` (timelines, ``mq_size.png``, ``utilization.png``, ``breakdown.png``).
+:mod:`lightning_hybrid_rollout.analysis.plots` (timelines, ``mq_size.png``, ``utilization.png``, ``breakdown.png``).
 ``--list-presets`` lists the presets, ``--dump-preset NAME`` prints one as YAML (a starting point for your own).
 ``--from-run RUN_DIR [--write-scenario FILE] [--fit-only]`` fits a scenario to a real run
 (:mod:`lightning_hybrid_rollout.sim.calibrate`), prints the fitted parameters with their spread and source (to stderr
@@ -20,13 +19,6 @@ with ``--json``), writes the scenario YAML, then simulates it (not with ``--fit-
 ``lhr plan (--from-run RUN_DIR | --scenario FILE | --preset NAME) --devices N`` simulates every split of N devices
 with and without hybrid replicas, every registered policy and the runtime-option sets of
 :mod:`lightning_hybrid_rollout.sim.plan`, and prints them ranked by predicted time (:func:`plan_main`).
-
-``lhr report RUN_DIR [--out DIR] [--window START END] [--train-devices N]`` prints, per trace, the run's balance
-bound, its efficiency and where the trainer's time went (:mod:`lightning_hybrid_rollout.run_bound`: the simulator's
-bound from the run's own measurements), then renders the trace (``RUN_DIR/trace.json``, or every ``trace*.json``
-there) into the same PNGs (default output: ``RUN_DIR/plots``) and prints their paths, one per line. Per-step metrics
-come from the trace's ``step_metrics`` events or, if it has none, from ``RUN_DIR/metrics.jsonl`` (one JSON object per
-line with a ``"step"`` key and ``dynamic_resource/*`` keys).
 
 Example::
 
@@ -62,7 +54,7 @@ from lightning_hybrid_rollout.sim.world import SimulationError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["plan_main", "report_main", "simulate_main"]
+__all__ = ["plan_main", "simulate_main"]
 
 
 def _simulate_parser() -> argparse.ArgumentParser:
@@ -293,7 +285,7 @@ def simulate_main(argv: Sequence[str] | None = None) -> int:
 
 
 def _plot_result(result: ScenarioResult, out: Path) -> list[Path]:
-    from lightning_hybrid_rollout.plots import plot_breakdown, render_traces
+    from lightning_hybrid_rollout.analysis.plots import plot_breakdown, render_traces
     from lightning_hybrid_rollout.trace import load_trace
 
     traces = {r.name: load_trace(r.trace_path) for r in result.runs if r.trace_path}
@@ -302,109 +294,6 @@ def _plot_result(result: ScenarioResult, out: Path) -> list[Path]:
         plot_breakdown({r.name: r.breakdown_s for r in result.runs}, out / "breakdown.png", result.balance_bound_s)
     )
     return paths
-
-
-# ------------------------------------------------------------------------------------------------------ report
-
-
-def _report_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="lhr report",
-        description="Print a run's balance bound, efficiency and time breakdown from its trace (RUN_DIR/trace.json) "
-        "and render the trace into the PNGs of `lhr simulate --plot`.",
-    )
-    p.add_argument("run_dir", help="the run folder holding trace.json (and optionally metrics.jsonl)")
-    p.add_argument("--out", help="output folder (default: RUN_DIR/plots)")
-    p.add_argument("--window", nargs=2, type=float, metavar=("START_S", "END_S"), help="timeline window in seconds")
-    p.add_argument("--cycles", type=int, default=3, help="sync cycles in the automatic timeline window (default 3)")
-    p.add_argument(
-        "--train-devices",
-        type=float,
-        help="the trainer's devices for the balance bound (default: as the trace describes them)",
-    )
-    return p
-
-
-def _print_bound(name: str, trace: object, train_devices: float | None) -> None:
-    """The run's balance bound, efficiency and breakdown (``run_bound``), three indented lines under its name."""
-    from lightning_hybrid_rollout.run_bound import report_from_trace
-
-    try:
-        report = report_from_trace(trace, name, train_devices)  # type: ignore[arg-type]
-    except ValueError as err:  # no trainer span: nothing to break down
-        print(f"{name}: {err}")
-        return
-    print(f"{name}:")
-    for line in report.lines():
-        print(f"  {line}")
-
-
-def _merge_metrics_jsonl(trace: object, path: Path) -> int:
-    from lightning_hybrid_rollout.trace import StepMetrics
-
-    n = 0
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{i + 1}: not JSON: {err}") from err
-        if not isinstance(row, dict) or "step" not in row:
-            raise ValueError(f"{path}:{i + 1}: each line must be a JSON object with a 'step' key")
-        metrics = {
-            k: float(v)
-            for k, v in row.items()
-            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
-        }
-        trace.steps.append(StepMetrics(int(row["step"]), float(row.get("t", 0.0)), metrics))  # type: ignore[attr-defined]
-        n += 1
-    trace.steps.sort(key=lambda s: s.step)  # type: ignore[attr-defined]
-    return n
-
-
-def report_main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``lhr report RUN_DIR`` (see the module docstring). Returns the exit status.
-
-    Args:
-        argv: Arguments after ``report`` (default: ``sys.argv[1:]``).
-    """
-    from lightning_hybrid_rollout.plots import render_traces
-    from lightning_hybrid_rollout.trace import load_trace
-
-    parser = _report_parser()
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    run_dir = Path(args.run_dir)
-    if not run_dir.is_dir():
-        parser.error(f"RUN_DIR {run_dir} is not a folder")
-    files = [run_dir / "trace.json"] if (run_dir / "trace.json").is_file() else sorted(run_dir.glob("trace*.json"))
-    if not files:
-        parser.error(f"no trace.json (or trace*.json) in {run_dir}; run training with the trace enabled first")
-    traces = {}
-    for f in files:
-        try:
-            trace = load_trace(f)
-        except ValueError as err:
-            print(f"lhr report: {err}", file=sys.stderr)
-            return 1
-        name = str(trace.metadata.get("run") or (run_dir.name if f.name == "trace.json" else f.stem))
-        traces[name] = trace
-    metrics = run_dir / "metrics.jsonl"
-    if metrics.is_file():
-        for trace in traces.values():
-            if not trace.steps:
-                try:
-                    _merge_metrics_jsonl(trace, metrics)
-                except ValueError as err:
-                    print(f"lhr report: {err}", file=sys.stderr)
-                    return 1
-    for name, trace in traces.items():
-        _print_bound(name, trace, args.train_devices)
-    out = Path(args.out) if args.out else run_dir / "plots"
-    paths = render_traces(traces, out, window=tuple(args.window) if args.window else None, cycles=args.cycles)
-    for p in paths:
-        print(p)
-    return 0
 
 
 # -------------------------------------------------------------------------------------------------------- plan

@@ -619,15 +619,10 @@ class Scenario:
             data: A mapping with the fields of :class:`Scenario` (nested models as mappings).
 
         Raises:
-            ScenarioError: a bad value, an unknown key, or a key of the old flat layout (``required_samples``, a
-                run's ``policy``, ...: the message gives the ``async_training`` spelling to write instead).
+            ScenarioError: a bad value or an unknown key.
         """
         if not isinstance(data, Mapping):
             raise ScenarioError(f"a scenario must be a mapping, got {type(data).__name__}")
-        moved = {k: data[k] for k in _OLD_SCENARIO_KEYS if k in data}
-        if moved:
-            new = {_OLD_SCENARIO_KEYS[k]: v for k, v in moved.items()}
-            raise ScenarioError(_moved("scenario", moved, new, "the scenario's async_training section"))
         return _from_mapping(cls, data, "scenario")
 
     @classmethod
@@ -683,21 +678,6 @@ _UNMODELLED: dict[str, str] = {
     "partial_rollout": "the simulator models partial rollout only (aborted requests resume from their prefix)",
 }
 
-#: The old flat scenario keys and their ``async_training`` names.
-_OLD_SCENARIO_KEYS: dict[str, str] = {
-    "required_samples": "mini_batch_size",
-    "trigger_parameter_sync_step": "trigger_parameter_sync_step",
-    "staleness_threshold": "staleness_threshold",
-}
-_OLD_RUN_KEYS: tuple[str, ...] = (
-    "policy",
-    "policy_kwargs",
-    "enable_rebalance",
-    "sequencing",
-    "early_first_sync",
-    "staged_standalone_sync",
-)
-
 
 def _not_per_run(key: str) -> str:
     if key in _WORKLOAD_KEYS:
@@ -732,40 +712,8 @@ def _async_training(value: Any) -> AsyncTrainingConfig:
     return value
 
 
-def _flow(mapping: Mapping[str, Any]) -> str:
-    """``{key: value, ...}`` in YAML flow style (values as JSON, which YAML reads)."""
-    return "{" + ", ".join(f"{k}: {json.dumps(v, default=str)}" for k, v in mapping.items()) + "}"
-
-
-def _moved(where: str, old: Mapping[str, Any], new: Mapping[str, Any], section: str) -> str:
-    return (
-        f"{where}: {', '.join(old)} moved into {section} under the config's own names: write "
-        f'`async_training: {_flow(new)}` instead (docs/simulator.md, "Scenario files")'
-    )
-
-
 def _run_from_mapping(data: Any, index: int) -> RunSpec:
-    """A :class:`RunSpec` from plain data; the old flat keys are refused with their new spelling."""
+    """A :class:`RunSpec` from plain data."""
     if not isinstance(data, Mapping):
         raise ScenarioError(f"runs[{index}] must be a mapping, got {type(data).__name__}")
-    moved = {k: data[k] for k in _OLD_RUN_KEYS if k in data}
-    if moved:
-        new: dict[str, Any] = {}
-        if "policy" in moved:
-            new["dynamic_schedule_policy"] = moved["policy"]
-        kwargs = dict(moved.get("policy_kwargs") or {})
-        kwargs.pop("only_hybrid", None)  # follows the split
-        if "deactivate_ratio" in kwargs:
-            new["dynamic_schedule_deactivate_ratio"] = kwargs.pop("deactivate_ratio")
-        if kwargs:
-            new["dynamic_schedule_policy_kwargs"] = kwargs
-        if "enable_rebalance" in moved:
-            new["dynamic_schedule_enable_rebalance"] = moved["enable_rebalance"]
-        if "sequencing" in moved:
-            new["overlap_sync"] = moved["sequencing"] == "overlap_sync"
-        for key in ("early_first_sync", "staged_standalone_sync"):
-            if key in moved:
-                new[key] = moved[key]
-        new = {**dict(data.get("async_training") or {}), **new}
-        raise ScenarioError(_moved(f"runs[{data.get('name', index)}]", moved, new, "the run's async_training section"))
     return _from_mapping(RunSpec, data, f"runs[{index}]")

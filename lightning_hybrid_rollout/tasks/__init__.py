@@ -1,7 +1,5 @@
-"""Verifiable toy tasks, their reward functions, and a tiny local model/tokenizer builder for CPU runs.
-
-``tiny_model`` imports torch/transformers lazily (only when you call it), so the tasks themselves stay pure Python.
-"""
+"""Verifiable toy tasks and their reward functions, pure Python (the tiny model they train is
+:mod:`lightning_hybrid_rollout.models.tiny_model`)."""
 
 from __future__ import annotations
 
@@ -33,20 +31,6 @@ def get_task(name: str, **kwargs: Any) -> Task:
     return cls(**kwargs)
 
 
-def build_tiny_model(*args: Any, **kwargs: Any) -> Any:
-    """Lazy re-export of :func:`lightning_hybrid_rollout.tasks.tiny_model.build_tiny_model`."""
-    from lightning_hybrid_rollout.tasks.tiny_model import build_tiny_model as _build
-
-    return _build(*args, **kwargs)
-
-
-def warm_up_format(*args: Any, **kwargs: Any) -> Any:
-    """Lazy re-export of :func:`lightning_hybrid_rollout.tasks.tiny_model.warm_up_format`."""
-    from lightning_hybrid_rollout.tasks.tiny_model import warm_up_format as _warm
-
-    return _warm(*args, **kwargs)
-
-
 __all__ = [
     "EOS_TOKEN",
     "SPECIAL_TOKENS",
@@ -56,8 +40,6 @@ __all__ = [
     "StringReverseTask",
     "Task",
     "TaskPrompt",
-    "build_tiny_model",
     "clean_response",
     "get_task",
-    "warm_up_format",
 ]

@@ -13,7 +13,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-#: Special tokens of the tiny char-level tokenizer (see :mod:`.tiny_model`); stripped from responses before scoring.
+#: Special tokens of the tiny char-level tokenizer (:mod:`lightning_hybrid_rollout.models.tiny_model`); stripped
+#: from responses before scoring.
 SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<s>", "</s>", "<unk>")
 EOS_TOKEN = "</s>"
 

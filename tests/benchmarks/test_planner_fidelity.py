@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
-from lightning_hybrid_rollout.run_bound import read_run
+from lightning_hybrid_rollout.analysis.run_bound import read_run
 from lightning_hybrid_rollout.sim.calibrate import CalibrationError
 
 ROOT = Path(__file__).resolve().parents[2]

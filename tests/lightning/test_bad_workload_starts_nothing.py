@@ -41,7 +41,7 @@ GOOD_ROWS: list[dict[str, Any]] = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)}
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from lightning_hybrid_rollout.tasks.tiny_model import build_tiny_model
+    from lightning_hybrid_rollout.models.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("bad_workload") / "tiny", hidden=64, layers=1, seed=0)
 

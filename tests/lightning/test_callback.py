@@ -90,7 +90,7 @@ def read_wandb_records(path: str) -> list[Any]:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from lightning_hybrid_rollout.tasks.tiny_model import build_tiny_model
+    from lightning_hybrid_rollout.models.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("e2e_model") / "tiny", hidden=128, layers=2, seed=0)
 
@@ -265,7 +265,7 @@ def test_only_hybrid_colocated_mode_trains(model_dir: Path, tmp_path: Path) -> N
 
 
 def test_lhr_report_renders_the_run_trace_to_pngs(dynamic_run: dict[str, Any]) -> None:
-    from lightning_hybrid_rollout.sim.cli import report_main
+    from lightning_hybrid_rollout.analysis.report import report_main
     from lightning_hybrid_rollout.trace import load_trace
 
     trace = load_trace(Path(dynamic_run["root"]) / "trace.json")

@@ -116,11 +116,6 @@ BAD_CONFIGS: list[tuple[str, Mutation, list[str]]] = [
         [f"{CB}.build_model.format_warmup_steps", "got -1", "Use 0 to disable it"],
     ),
     (
-        "callback_argument_that_moved",
-        _set("cb.wait_timeout_s", 100.0),
-        [f"{CB}.wait_timeout_s moved", "`async_training.wait_timeout_s`"],
-    ),
-    (
         "negative_trigger_parameter_sync_step",
         _set("cb.async_training.trigger_parameter_sync_step", -2),
         [f"{CB}.async_training.trigger_parameter_sync_step", "got -2", ">= 1", "Sync weights every N"],
@@ -419,7 +414,7 @@ def test_a_bad_model_path_is_one_line_before_anything_starts_or_is_written(
 
 
 def test_a_directory_without_config_json_is_refused(tmp_path: Path) -> None:
-    from lightning_hybrid_rollout.lightning.model_path import model_path_problems
+    from lightning_hybrid_rollout.models.model_path import model_path_problems
 
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "weights.bin").write_bytes(b"x")
@@ -575,7 +570,7 @@ def test_add_default_progress_bar_respects_a_users_bar_and_enable_progress_bar()
 
 
 def test_lhr_validate_scores_greedy_answers_on_held_out_prompts(tmp_path: Path, quickstart: dict[str, Any]) -> None:
-    from lightning_hybrid_rollout.tasks.tiny_model import build_tiny_model
+    from lightning_hybrid_rollout.models.tiny_model import build_tiny_model
 
     model_dir = build_tiny_model(tmp_path / "model", hidden=64, layers=1, seed=0)
     config = copy.deepcopy(quickstart)

@@ -102,7 +102,7 @@ def _group_number(group_id: str) -> int:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from lightning_hybrid_rollout.tasks.tiny_model import build_tiny_model
+    from lightning_hybrid_rollout.models.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("crash_model") / "tiny", hidden=128, layers=2, seed=0)
 

@@ -17,7 +17,8 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.loggers import CSVLogger
 
 from lightning_hybrid_rollout.lightning.data import RolloutDataModule, collate_samples
-from lightning_hybrid_rollout.lightning.module import GRPOModule, format_warmup, kl_k3, ppo_clip_loss
+from lightning_hybrid_rollout.lightning.module import GRPOModule, kl_k3, ppo_clip_loss
+from lightning_hybrid_rollout.models.format_warmup import format_warmup
 from lightning_hybrid_rollout.rollout.sample import Sample
 
 REPO = Path(__file__).resolve().parents[2]

@@ -27,9 +27,9 @@ from lightning_hybrid_rollout.lightning.validation import (
     reward_mean_key,
 )
 from lightning_hybrid_rollout.lightning.workload import Workload
+from lightning_hybrid_rollout.models.tiny_model import BOS_ID, EOS_ID, PAD_ID, build_tiny_model, build_tiny_tokenizer
 from lightning_hybrid_rollout.rewards import RewardFunction, RewardRunner
 from lightning_hybrid_rollout.sources import PromptRecord, PromptRenderer, TaskSource
-from lightning_hybrid_rollout.tasks.tiny_model import BOS_ID, EOS_ID, PAD_ID, build_tiny_model, build_tiny_tokenizer
 
 #: A stop token the tiny model (vocabulary 128) can never emit: answers run to ``max_new_tokens``.
 UNREACHABLE_STOP = 10_000

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from lightning_hybrid_rollout.run_bound import read_run
+from lightning_hybrid_rollout.analysis.run_bound import read_run
 from lightning_hybrid_rollout.sim import simulate
 from lightning_hybrid_rollout.sim.calibrate import (
     HYBRID_SPEED_RATIO,

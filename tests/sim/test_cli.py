@@ -1,4 +1,4 @@
-"""`lhr simulate` / `lhr report` entry points: JSON schema, table, plots, and report on a trace directory."""
+"""`lhr simulate` entry point: JSON schema, tables, plots and readable errors."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from lightning_hybrid_rollout.sim import Scenario, get_preset
-from lightning_hybrid_rollout.sim.cli import report_main, simulate_main
+from lightning_hybrid_rollout.sim.cli import simulate_main
 
 from .conftest import tiny_scenario
 
@@ -78,49 +78,13 @@ def test_simulate_markdown_and_gap_tables(tmp_path, capsys):
     assert "beyond each run's one-ratio balance term" in text and "standalone_paused_for_sync" in text
 
 
-def test_report_renders_a_run_directory(tmp_path, capsys):
-    plots = tmp_path / "sim"
-    assert (
-        simulate_main([str(_scenario_file(tmp_path)), "--runs", "dynamic_default", "--plot", str(plots), "--json"]) == 0
-    )
-    capsys.readouterr()
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (plots / "trace_dynamic_default.json").rename(run_dir / "trace.json")
-    assert report_main([str(run_dir)]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    written = [line for line in lines if line.endswith(".png")]
-    assert {p.split("/")[-1] for p in written} == {"timeline_dynamic_default.png", "mq_size.png", "utilization.png"}
-    # before the PNGs: the run's bound and breakdown (a simulated trace carries the runtime's token counters)
-    assert lines[0] == "dynamic_default:" and lines[1].startswith("  balance bound ") and "efficiency" in lines[1]
-    assert lines[3].startswith("  time: training ") and "waiting with hybrid generating" in lines[3]
-    assert all((run_dir / "plots" / p.split("/")[-1]).stat().st_size > 1000 for p in written)
-
-
-def test_report_reads_metrics_jsonl_when_the_trace_has_no_step_metrics(tmp_path, capsys):
-    from lightning_hybrid_rollout.trace import TraceWriter
-
-    with TraceWriter(tmp_path / "trace.json", {"run": "real", "train_devices": 1}) as tw:
-        tw.describe_track("replica/standalone_0", kind="standalone", devices=[1])
-        tw.span("replica/standalone_0", "active", 0.0, 10.0)
-        tw.span("trainer/trainer", "waiting", 0.0, 2.0, {"hybrid": False})
-        tw.span("trainer/trainer", "training", 2.0, 9.0)
-    rows = [{"step": i, "dynamic_resource/mq_size": i, "dynamic_resource/resource_utilization": 0.5} for i in (1, 2)]
-    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    assert report_main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
-    assert (tmp_path / "out" / "mq_size.png").stat().st_size > 1000
-
-
-def test_cli_errors_are_readable(tmp_path, capsys):
+def test_cli_errors_are_readable(capsys):
     with pytest.raises(SystemExit):
         simulate_main([])
     assert "exactly one" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         simulate_main(["--preset", "nope"])
     assert "unknown preset" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        report_main([str(tmp_path)])
-    assert "no trace.json" in capsys.readouterr().err
 
 
 def test_list_and_dump_presets(capsys):
@@ -130,22 +94,3 @@ def test_list_and_dump_presets(capsys):
     dumped = yaml.safe_load(capsys.readouterr().out)
     assert dumped["name"] == "seed" and dumped["async_training"]["mini_batch_size"] == 128
     assert Scenario.from_dict(dumped).to_dict() == get_preset("seed").to_dict()  # a starting point that loads back
-
-
-_RUN = {"name": "r", "train_devices": 2, "rollout_devices": 2}
-
-
-@pytest.mark.parametrize(
-    ("old", "rewrite"),
-    [
-        ({"required_samples": 8}, "write `async_training: {mini_batch_size: 8}` instead"),
-        ({"runs": [{**_RUN, "sequencing": "overlap_sync"}]}, "write `async_training: {overlap_sync: true}` instead"),
-    ],
-)
-def test_an_old_flat_scenario_file_is_refused_with_the_new_spelling(tmp_path, capsys, old, rewrite):
-    path = tmp_path / "old.yaml"
-    path.write_text(yaml.safe_dump({"name": "old", "runs": [_RUN], **old}))
-    with pytest.raises(SystemExit):
-        simulate_main([str(path), "--json"])
-    err = capsys.readouterr().err
-    assert rewrite in err and "docs/simulator.md" in err

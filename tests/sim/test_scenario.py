@@ -100,32 +100,6 @@ def test_invalid_values_name_the_field(change, message):
         Scenario.from_dict(data)
 
 
-@pytest.mark.parametrize(
-    ("change", "message"),
-    [
-        (
-            {"required_samples": 128, "staleness_threshold": 0.5},
-            "scenario: required_samples, staleness_threshold moved into the scenario's async_training section under "
-            "the config's own names: write `async_training: {mini_batch_size: 128, staleness_threshold: 0.5}` instead",
-        ),
-        (
-            {"runs": [{**_RUN, "hybrid": True, "policy": "default", "policy_kwargs": {"deactivate_ratio": 0.3}}]},
-            "runs[a]: policy, policy_kwargs moved into the run's async_training section under the config's own names: "
-            'write `async_training: {dynamic_schedule_policy: "default", dynamic_schedule_deactivate_ratio: 0.3}`',
-        ),
-        (
-            {"runs": [{**_RUN, "sequencing": "overlap_sync", "enable_rebalance": False, "early_first_sync": True}]},
-            "`async_training: {dynamic_schedule_enable_rebalance: false, overlap_sync: true, early_first_sync: true}`",
-        ),
-    ],
-)
-def test_the_old_flat_keys_are_refused_with_their_new_spelling(change, message):
-    data = {"name": "x", "runs": [{"name": "r", "train_devices": 4, "rollout_devices": 4}], **change}
-    with pytest.raises(ScenarioError) as err:
-        Scenario.from_dict(data)
-    assert message in str(err.value) and "\n" not in str(err.value)  # one line
-
-
 def test_runs_take_the_scenarios_async_training_and_change_only_their_own_keys():
     sc = Scenario.from_dict(
         {

@@ -101,6 +101,6 @@ def chat_tokenizer() -> Any:
 @pytest.fixture(scope="session")
 def plain_tokenizer() -> Any:
     """The tiny model's char-level tokenizer (no chat template; ``encode`` prepends ``<s>``)."""
-    from lightning_hybrid_rollout.tasks.tiny_model import build_tiny_tokenizer
+    from lightning_hybrid_rollout.models.tiny_model import build_tiny_tokenizer
 
     return build_tiny_tokenizer()

@@ -112,7 +112,7 @@ def test_registry() -> None:
 
 
 def test_task_chars_are_in_tokenizer_vocab() -> None:
-    from lightning_hybrid_rollout.tasks.tiny_model import tiny_vocab
+    from lightning_hybrid_rollout.models.tiny_model import tiny_vocab
 
     vocab = tiny_vocab()
     for task in (ArithmeticTask(), StringReverseTask(), CopyTask()):

@@ -11,8 +11,8 @@ import pytest
 from lightning_hybrid_rollout.config import ConfigError, RolloutConfig
 from lightning_hybrid_rollout.lightning.callback import HybridRolloutCallback
 from lightning_hybrid_rollout.lightning.data import RolloutDataModule
-from lightning_hybrid_rollout.lightning.model_path import take_model_path
 from lightning_hybrid_rollout.lightning.module import GRPOModule
+from lightning_hybrid_rollout.models.model_path import take_model_path
 
 
 def _fit(tmp_path: Path, module: GRPOModule, model_path: str, build_model: bool) -> None:

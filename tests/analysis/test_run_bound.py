@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from lightning_hybrid_rollout.run_bound import (
+from lightning_hybrid_rollout.analysis.run_bound import (
     BREAKDOWN_KEYS,
     RunMeasurements,
     read_run,
@@ -33,7 +33,7 @@ from lightning_hybrid_rollout.trace import TraceWriter, load_trace
 from tests.benchmarks import load_benchmark
 from tests.sim.conftest import tiny_scenario
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # ------------------------------------------------------------------------------------------------ the formula
 
@@ -224,7 +224,7 @@ def test_a_trace_without_the_terms_still_gets_its_breakdown(tmp_path):
 
 
 def test_lhr_report_prints_the_bound_the_efficiency_and_the_breakdown(tmp_path, capsys):
-    from lightning_hybrid_rollout.sim.cli import report_main
+    from lightning_hybrid_rollout.analysis.report import report_main
 
     write_runtime_trace(tmp_path)
     assert report_main([str(tmp_path), "--out", str(tmp_path / "plots")]) == 0

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from lightning_hybrid_rollout import pretrained
 from lightning_hybrid_rollout.errors import ConfigError
 from lightning_hybrid_rollout.lightning import cli
-from lightning_hybrid_rollout.lightning.prepare_model_cli import prepare_model_main
-from lightning_hybrid_rollout.pretrained import MARKER_FILE, PretrainedModel, prepare_model, read_prepared
+from lightning_hybrid_rollout.models import pretrained
+from lightning_hybrid_rollout.models.prepare_model_cli import prepare_model_main
+from lightning_hybrid_rollout.models.pretrained import MARKER_FILE, PretrainedModel, prepare_model, read_prepared
 
 FAKE = "fake-model"
 

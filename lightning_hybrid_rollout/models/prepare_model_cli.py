@@ -1,9 +1,9 @@
 """``lhr prepare-model NAME --out DIR [--dtype bfloat16|float32] [--overwrite]``: a pretrained model, offline.
 
-Writes the model ``NAME`` (see :data:`lightning_hybrid_rollout.pretrained.PRETRAINED`) as a Hugging Face directory at
-``DIR`` that the trainer and the vLLM engines load (``rollout.model_path: DIR``); a second run returns at once. Prints
-one final line with the directory and the parameter count; exit code 2 with one line on stderr for a bad name, a
-missing package or an ``--out`` that holds something else.
+Writes the model ``NAME`` (see :data:`lightning_hybrid_rollout.models.pretrained.PRETRAINED`) as a Hugging Face
+directory at ``DIR`` that the trainer and the vLLM engines load (``rollout.model_path: DIR``); a second run returns at
+once. Prints one final line with the directory and the parameter count; exit code 2 with one line on stderr for a bad
+name, a missing package or an ``--out`` that holds something else.
 
 Example::
 
@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from lightning_hybrid_rollout.errors import ConfigError
-from lightning_hybrid_rollout.pretrained import DTYPES, PRETRAINED, prepare_model, read_prepared
+from lightning_hybrid_rollout.models.pretrained import DTYPES, PRETRAINED, prepare_model, read_prepared
 
 __all__ = ["prepare_model_main"]
 

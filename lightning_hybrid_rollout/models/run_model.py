@@ -16,12 +16,12 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_hybrid_rollout.config import ConfigError, RolloutConfig, TinyModelConfig
 
-__all__ = ["prepare_model"]
+__all__ = ["ensure_run_model"]
 
 log = logging.getLogger(__name__)
 
 
-def prepare_model(rollout: RolloutConfig, build_model: TinyModelConfig | None, task: Callable[[], Any]) -> None:
+def ensure_run_model(rollout: RolloutConfig, build_model: TinyModelConfig | None, task: Callable[[], Any]) -> None:
     """Leave a model that is there as it is; build the tiny one where none is (if ``build_model`` allows it).
 
     Args:
@@ -42,7 +42,7 @@ def prepare_model(rollout: RolloutConfig, build_model: TinyModelConfig | None, t
                 "causal LM directory, or set build_model: true to build the tiny CPU model there"
             ]
         )
-    from lightning_hybrid_rollout.tasks.tiny_model import build_tiny_model
+    from lightning_hybrid_rollout.models.tiny_model import build_tiny_model
 
     rank_zero_info(f"[lhr] building a tiny model at {path}")
     build_tiny_model(path, **build_model.build_kwargs())
@@ -55,7 +55,7 @@ def _format_warmup(path: Path, task: Any, steps: int, seed: int) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lightning_hybrid_rollout.lightning.module import format_warmup
+    from lightning_hybrid_rollout.models.format_warmup import format_warmup
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

@@ -30,7 +30,7 @@ logging, the cycle's bookkeeping).
 
 Example::
 
-    from lightning_hybrid_rollout.run_bound import read_run
+    from lightning_hybrid_rollout.analysis.run_bound import read_run
 
     report = read_run("runs/cpu_miniature/default_r1")
     print(report.efficiency, report.breakdown_s["waiting_idle"])

@@ -16,7 +16,7 @@ Matplotlib is imported lazily with the ``Agg`` backend (no display needed).
 
 Example::
 
-    from lightning_hybrid_rollout.plots import render_traces
+    from lightning_hybrid_rollout.analysis.plots import render_traces
     from lightning_hybrid_rollout.trace import load_trace
 
     paths = render_traces({"my_run": load_trace("run/trace.json")}, "run/plots")

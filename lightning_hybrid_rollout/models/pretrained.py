@@ -21,7 +21,7 @@ every end token, ``<|im_end|>`` (the GGUF's ``eos``, which ends a chat turn) fir
 
 Example::
 
-    from lightning_hybrid_rollout.pretrained import prepare_model, read_prepared
+    from lightning_hybrid_rollout.models.pretrained import prepare_model, read_prepared
 
     path = prepare_model("smollm2-135m-instruct", "models/smollm2")  # ~1 min the first time, instant after
     read_prepared(path)["eos_token_ids"]  # [2, 0]

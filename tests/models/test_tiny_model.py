@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning_hybrid_rollout.models.tiny_model import MARKER, build_tiny_model, tiny_vocab, warm_up_format
 from lightning_hybrid_rollout.tasks import ArithmeticTask
-from lightning_hybrid_rollout.tasks.tiny_model import MARKER, build_tiny_model, tiny_vocab, warm_up_format
 
 
 def test_tiny_model_loads_and_tokenizes(tiny_model_dir: Path) -> None:
