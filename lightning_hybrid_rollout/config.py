@@ -50,6 +50,9 @@ BUILTIN_POLICIES: tuple[str, ...] = ("default", "static_fully_async", "fixed_rat
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "auto")
 """Accepted values of :attr:`RolloutConfig.dtype`."""
 
+WEIGHT_TRANSPORTS: tuple[str, ...] = ("auto", "node_shm", "ray", "collective", "cuda_ipc")
+"""Accepted values of :attr:`RolloutConfig.weight_transport` (the names of ``rollout/weights/factory.py``)."""
+
 _C = TypeVar("_C", bound="_ConfigBase")
 
 
@@ -659,6 +662,14 @@ class RolloutConfig(_ConfigBase):
     """CPU only: pin the trainer process to the hybrid replicas' cores (they take turns), leaving the other cores to
     the standalone replicas."""
 
+    weight_transport: Literal["auto", "node_shm", "ray", "collective", "cuda_ipc"] = "auto"
+    """How the trainer's weights reach the replicas at each sync: ``node_shm`` (a node-local shared-memory file),
+    ``ray`` (Ray's object store), ``collective`` (a torch.distributed broadcast in a group of its own: gloo on CPU,
+    NCCL on GPU), ``cuda_ipc`` (CUDA only: the hybrid replica on the trainer's GPU maps its tensors). ``auto``: per
+    replica by placement; without CUDA ``node_shm`` on the trainer's node and ``ray`` elsewhere, with CUDA
+    ``cuda_ipc`` for a hybrid replica on the trainer's GPU and ``collective`` otherwise. Every sync is verified by
+    checksum; a named transport never falls back to another."""
+
     # --- Parameters that control placement and failures --------------------------------------------------------
 
     standalone_resource: str | None = None
@@ -720,6 +731,12 @@ class RolloutConfig(_ConfigBase):
                 "Use null for a local Ray, or e.g. 'ray://head:10001'.",
             )
         c.boolean("enforce_eager", self.enforce_eager)
+        c.choice(
+            "weight_transport",
+            self.weight_transport,
+            WEIGHT_TRANSPORTS,
+            "Use 'auto' (chosen per replica by placement) unless you need one transport for every replica.",
+        )
         c.integer("seed", self.seed, 0, "Use a non-negative integer.")
         if self.standalone_resource is not None and (
             not isinstance(self.standalone_resource, str) or not self.standalone_resource

@@ -165,6 +165,8 @@ class RolloutRuntime(RuntimeQueries):
         #: The trainer process's one event loop: the rollouter produces on it, the control calls run on it.
         self.loop = EventLoopThread("lhr-runtime")
         self.last_sync_report: Any = None
+        #: The weight push (``rollout.weight_transport``; built at start, or at the first push without one).
+        self.weights: Any = None
         self.standalone_sync_reports: list[Any] = []
         self.last_hybrid_sync_report: Any = None
         #: Finds failed replicas and starts their replacements (built at start).
@@ -213,9 +215,11 @@ class RolloutRuntime(RuntimeQueries):
         """Start Ray and the replicas (hybrid ones parked), build the rollouter (not yet generating)."""
         from lightning_hybrid_rollout.rollout.ray_runtime import RayRuntime
         from lightning_hybrid_rollout.rollout.rollouter import Rollouter
+        from lightning_hybrid_rollout.rollout.weights.router import WeightRouter
 
         r = self.rollout
         self.check_engine_args()
+        self.weights = WeightRouter(r.weight_transport)  # cuda_ipc without CUDA: one line, before anything starts
         t0 = time.monotonic()
         self.ray = RayRuntime(address=r.ray_address).start()
         s_cores, h_cores = plan_cpu_placement(r.standalone_replicas, r.hybrid_replicas, r.cpus_per_replica)
@@ -292,6 +296,8 @@ class RolloutRuntime(RuntimeQueries):
                 if self.ray is not None:
                     self.ray.shutdown()
             finally:
+                if self.weights is not None:
+                    self.weights.close()  # the collective transport's broadcast groups
                 self.loop.close()
                 self._close_trace()
 
@@ -426,18 +432,20 @@ class RolloutRuntime(RuntimeQueries):
             weights: ``[(name, tensor), ...]``; nothing is pushed when empty.
             replicas: Target replica handles; nothing is pushed when empty.
             version: The weight version the replicas report afterwards.
-            **options: Passed to :func:`~lightning_hybrid_rollout.rollout.weights.push.push_weights_async`.
+            **options: Passed to :meth:`~lightning_hybrid_rollout.rollout.weights.router.WeightRouter.push`.
 
         Returns:
             ``(SyncReport or None, seconds)``.
         """
-        from lightning_hybrid_rollout.rollout.weights.push import push_weights_async
-
         if not replicas or not weights:
             return None, 0.0
+        if self.weights is None:
+            from lightning_hybrid_rollout.rollout.weights.router import WeightRouter
+
+            self.weights = WeightRouter(self.rollout.weight_transport)
         t0 = time.monotonic()
         try:
-            report = await push_weights_async(weights, list(replicas), version, **options)
+            report = await self.weights.push(weights, list(replicas), version, **options)
         except WeightSyncError as err:
             dead = {r.replica_id for r in replicas if not r.is_alive}
             if not dead or set(err.failures) - dead or err.report is None:

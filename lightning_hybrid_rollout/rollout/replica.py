@@ -8,7 +8,7 @@ the same constraints (built by ``lightning/placement.py``).
 
 :class:`ReplicaHandle` is what the load balancer, rollouter and controller hold: async methods mirroring the
 :class:`~lightning_hybrid_rollout.rollout.engine.RolloutEngine` protocol and the weight push's
-:class:`~lightning_hybrid_rollout.rollout.weights.receiver.GpuWeightReceiver` protocol, translating a dead actor into
+:class:`~lightning_hybrid_rollout.rollout.weights.receiver.WeightReceiver` protocol, translating a dead actor into
 :class:`~lightning_hybrid_rollout.errors.ReplicaDeadError` (the type ``errors.is_replica_dead_error`` checks).
 """
 
@@ -28,7 +28,7 @@ from lightning_hybrid_rollout.rollout.drain import DrainReport
 from lightning_hybrid_rollout.rollout.engine import GenerationResult, SamplingSpec
 from lightning_hybrid_rollout.rollout.vllm.config import VLLMEngineConfig
 from lightning_hybrid_rollout.rollout.vllm.driver import VLLMEngine
-from lightning_hybrid_rollout.rollout.weights.receiver import BucketPayload, NcclBucketMeta, Span
+from lightning_hybrid_rollout.rollout.weights.receiver import BucketPayload, Span
 
 logger = logging.getLogger(__name__)
 
@@ -184,20 +184,10 @@ class ReplicaActor:
     async def wake_up(self) -> float:
         return await self.engine.wake_up()
 
-    async def update_weights(self, buckets: Any, version: int) -> str:
-        """Load full weights: ``buckets`` is a blob, a bucket, or a list of them / of ObjectRefs to them."""
-        import ray
-
-        items = list(buckets) if isinstance(buckets, list | tuple) else [buckets]
-        resolved = []
-        for it in items:  # zero-copy views of the shared-memory objects
-            resolved.append(await it if isinstance(it, ray.ObjectRef) else it)
-        return await self.engine.update_weights(resolved, version)
-
     async def weights_checksum(self) -> str:
         return await self.engine.weights_checksum()
 
-    # ---- weight updates: the GpuWeightReceiver protocol (rollout/weights/receiver.py), forwarded to the engine ----
+    # ---- weight updates: the WeightReceiver protocol (rollout/weights/receiver.py), forwarded to the engine -------
     async def attach_node_staging(self, path: str, size: int, inode: int) -> bool:
         return await self.engine.attach_node_staging(path, size, inode)
 
@@ -222,20 +212,8 @@ class ReplicaActor:
     async def finish_weight_update(self) -> str:
         return await self.engine.finish_weight_update()
 
-    async def load_weight_ipc(self, blob: bytes) -> dict[str, Any]:
-        return await self.engine.load_weight_ipc(blob)
-
-    async def init_nccl_group(self, host: str, port: int, rank: int, world_size: int) -> bool:
-        return await self.engine.init_nccl_group(host, port, rank, world_size)
-
-    async def load_weight_nccl(self, meta: NcclBucketMeta) -> dict[str, Any]:
-        return await self.engine.load_weight_nccl(meta)
-
-    async def stage_weight_nccl(self, meta: NcclBucketMeta) -> dict[str, Any]:
-        return await self.engine.stage_weight_nccl(meta)
-
-    async def load_weight_from_gpu_stage(self) -> dict[str, Any]:
-        return await self.engine.load_weight_from_gpu_stage()
+    async def receive_weights(self, transport: str, request: Any) -> dict[str, Any]:
+        return await self.engine.receive_weights(transport, request)
 
     async def health(self) -> dict[str, Any]:
         """The engine's health, plus the role, the pinned cores, the Ray node and ``monotonic``: this host's
@@ -383,19 +361,11 @@ class ReplicaHandle:
         """Undo :meth:`sleep`; returns the engine-side seconds."""
         return await self._call("wake_up")
 
-    async def update_weights(self, ref_or_blob: Any, version: int) -> str:
-        """Load full weights (a safetensors blob, a ``WeightBucket``, an ObjectRef, or a list of those).
-
-        Returns:
-            The checksum computed by the engine's worker over what it loaded (compare with ``checksum_state``).
-        """
-        return await self._call("update_weights", ref_or_blob, version)
-
     async def weights_checksum(self) -> str:
         """See :meth:`VLLMEngine.weights_checksum`."""
         return await self._call("weights_checksum")
 
-    # ---- weight updates: the GpuWeightReceiver protocol (rollout/weights/receiver.py) -----------------------------
+    # ---- weight updates: the WeightReceiver protocol (rollout/weights/receiver.py) --------------------------------
     async def attach_node_staging(self, path: str, size: int, inode: int) -> bool:
         """See :meth:`VLLMEngine.attach_node_staging`."""
         return await self._call("attach_node_staging", path, size, inode)
@@ -428,27 +398,10 @@ class ReplicaHandle:
         """See :meth:`VLLMEngine.finish_weight_update`."""
         return await self._call("finish_weight_update")
 
-    async def load_weight_ipc(self, blob: bytes) -> dict[str, Any]:
-        """See :meth:`VLLMEngine.load_weight_ipc`."""
-        return await self._call("load_weight_ipc", blob)
+    async def receive_weights(self, transport: str, request: Any) -> dict[str, Any]:
+        """See :meth:`VLLMEngine.receive_weights`."""
+        return await self._call("receive_weights", transport, request)
 
-    async def init_nccl_group(self, host: str, port: int, rank: int, world_size: int) -> bool:
-        """See :meth:`VLLMEngine.init_nccl_group`."""
-        return await self._call("init_nccl_group", host, port, rank, world_size)
-
-    async def load_weight_nccl(self, meta: NcclBucketMeta) -> dict[str, Any]:
-        """See :meth:`VLLMEngine.load_weight_nccl`."""
-        return await self._call("load_weight_nccl", meta)
-
-    async def stage_weight_nccl(self, meta: NcclBucketMeta) -> dict[str, Any]:
-        """See :meth:`VLLMEngine.stage_weight_nccl`."""
-        return await self._call("stage_weight_nccl", meta)
-
-    async def load_weight_from_gpu_stage(self) -> dict[str, Any]:
-        """See :meth:`VLLMEngine.load_weight_from_gpu_stage`."""
-        return await self._call("load_weight_from_gpu_stage")
-
-    # ---- introspection and shutdown -------------------------------------------------------------------------------
     async def health(self) -> dict[str, Any]:
         """Engine state, weight version, in-flight count, tokens generated, pids, pinned cores, node, and the
         actor's ``time.monotonic()`` when the engine answered."""

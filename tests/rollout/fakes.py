@@ -23,6 +23,7 @@ from typing import Any
 
 from lightning_hybrid_rollout.errors import ReplicaDeadError
 from lightning_hybrid_rollout.rollout.engine import GenerationResult, SamplingSpec
+from lightning_hybrid_rollout.rollout.weights.factory import create_receiver
 from lightning_hybrid_rollout.rollout.weights.format import combine_digests, parse_safetensors, tensor_digest
 from lightning_hybrid_rollout.rollout.weights.receiver import BucketPayload, Span
 
@@ -228,6 +229,7 @@ class FakeWeightReceiver:
         self._staged: dict[int, bytes] = {}
         self._digests: dict[str, str] = {}
         self._version: int | None = None
+        self.receivers: dict[str, Any] = {}  # transport -> its real engine-side receiver
 
     def _record(self, method: str) -> None:
         self.calls.append(method)
@@ -285,6 +287,16 @@ class FakeWeightReceiver:
         for offset, nbytes in spans:
             self._load(self._staged.pop(offset), 0, nbytes)
         return {"buckets": len(spans)}
+
+    async def receive_weights(self, transport: str, request: Any) -> dict[str, Any]:
+        self._record(f"receive_weights:{transport}")
+        if transport not in self.receivers:
+            self.receivers[transport] = create_receiver(transport)
+        items = await asyncio.to_thread(self.receivers[transport].receive, request)  # a join or a receive blocks
+        if items and self._version is None:
+            raise RuntimeError(f"{self.replica_id}: load outside begin/finish")
+        self._digests.update({n: tensor_digest(n, t) for n, t in items})
+        return {"tensors": len(items)}
 
     async def abort_weight_update(self) -> None:
         self._record("abort_weight_update")

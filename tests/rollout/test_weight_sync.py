@@ -487,15 +487,49 @@ def test_update_aborts_inflight_and_versions_segments(vllm_replicas, tiny_hf_mod
     assert new.weight_version == before + 1 and len(new.token_ids) == 4
 
 
-def test_nccl_bucket_layout() -> None:
-    from lightning_hybrid_rollout.rollout.weights.transports import NcclWeightBroadcaster
+# ---------------------------------------------------------------------------------------------------------------
+# rollout.weight_transport: collective, end to end in a real fit (gloo on CPU)
+# ---------------------------------------------------------------------------------------------------------------
+def _transport_fit(tmp_path: Any, model_dir: Any, transport: str, max_steps: int = 4) -> dict[str, Any]:
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
 
-    sd = _state()
-    meta = NcclWeightBroadcaster.describe(list(sd.items()))
-    assert meta["nbytes"] == sum(v.numel() * v.element_size() for v in sd.values())
-    offsets = [m["offset"] for m in meta["tensors"]]
-    assert offsets == sorted(offsets) and offsets[0] == 0
-    assert meta["tensors"][-1]["dtype"] == "BF16"
+    root = tmp_path / transport
+    root.mkdir()
+    spec = {"root": str(root), "out": str(root / "report.json"), "model_dir": str(model_dir)}
+    spec.update(max_steps=max_steps, weight_transport=transport)
+    (root / "spec.json").write_text(json.dumps(spec))
+    script = Path(__file__).parent.parent / "lightning" / "_weight_transport_fit.py"  # beside no vllm/ folder
+    proc = subprocess.run(
+        [sys.executable, str(script), str(root / "spec.json")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        cwd=str(root),
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return json.loads((root / "report.json").read_text())
+
+
+@pytest.mark.slow
+def test_a_fit_with_the_collective_transport_pushes_every_sync_through_gloo(tmp_path, tiny_model_dir) -> None:
+    out = _transport_fit(tmp_path, tiny_model_dir, "collective")
+    syncs, steps = out["syncs"], out["steps"]
+    replicas = {"standalone-0", "hybrid-0"}
+    assert len(syncs) >= 2 and {rid for s in syncs for rid in s["replica_checksums"]} == replicas
+    for s in syncs:  # every sync: collective for every replica, each replica's checksum the trainer's
+        assert s["transport"] == "collective", s
+        assert set(s["per_replica_transport"].values()) == {"collective"}, s
+        assert set(s["replica_checksums"].values()) == {s["checksum"]}, s
+    # the replicas' own count: one verified collective update per sync that reached them, nothing else
+    for step in steps:
+        for rid, counters in step["counters"].items():
+            assert counters == ({"collective": step["pushed"][rid]} if step["pushed"].get(rid) else {}), step
+    assert steps[-1]["pushed"] == {rid: sum(rid in s["replica_checksums"] for s in syncs) for rid in replicas}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -507,16 +541,12 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @pytest.mark.gpu
 @pytest.mark.slow
 @needs_cuda
-def test_gpu_ipc_and_nccl_pushes(ray_runtime, tiny_model_dir, tiny_hf_model, hf_reference, run_async) -> None:
-    import socket
-
+def test_gpu_cuda_ipc_and_nccl_collective_pushes(
+    ray_runtime, tiny_model_dir, tiny_hf_model, hf_reference, run_async
+) -> None:
     from lightning_hybrid_rollout.rollout.replica import ReplicaSpec
     from lightning_hybrid_rollout.rollout.vllm.config import VLLMEngineConfig
-    from lightning_hybrid_rollout.rollout.weights.transports import (
-        NcclWeightBroadcaster,
-        push_weights_cuda_ipc_async,
-        push_weights_nccl_async,
-    )
+    from lightning_hybrid_rollout.rollout.weights.router import WeightRouter
 
     cfg = VLLMEngineConfig(model=str(tiny_model_dir), gpu_memory_utilization=0.2, max_model_len=256)
     hybrid, standalone = ray_runtime.start_replicas(
@@ -525,31 +555,29 @@ def test_gpu_ipc_and_nccl_pushes(ray_runtime, tiny_model_dir, tiny_hf_model, hf_
     state = hf_reference.perturbed_state(tiny_hf_model, seed=31)
     ref = hf_reference.greedy(tiny_hf_model, PROMPTS[0], 12)
     cuda_state = {k: v.cuda() for k, v in state.items()}
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    router = WeightRouter("auto")
 
     async def go() -> list[list[int]]:
-        rep = await push_weights_cuda_ipc_async(cuda_state, [hybrid], version=1)
-        assert rep.replica_checksums["gpu-hybrid"] == checksum_state(state)
-        join = asyncio.ensure_future(standalone.init_nccl_group("127.0.0.1", port, 1, 2))
-        bc = await asyncio.to_thread(NcclWeightBroadcaster, "127.0.0.1", port, 2, 0)
-        await join
-        rep = await push_weights_nccl_async(bc, cuda_state, [standalone], version=1)
-        assert rep.replica_checksums["gpu-standalone"] == checksum_state(state)
+        for r in (hybrid, standalone):
+            await r.health()
+        assert router.plan([hybrid, standalone]) == {"cuda_ipc": [hybrid], "collective": [standalone]}
+        rep = await router.push(cuda_state, [hybrid, standalone], version=1)
+        assert rep.per_replica_transport == {"gpu-hybrid": "cuda_ipc", "gpu-standalone": "collective"}
+        assert set(rep.replica_checksums.values()) == {checksum_state(state)}
         committed: list[bool] = []
 
         async def on_commit() -> None:
             committed.append(True)
 
-        rep = await push_weights_nccl_async(bc, cuda_state, [standalone], version=2, staged=True, on_commit=on_commit)
-        assert rep.transport == "nccl_staged" and committed == [True]
+        rep = await router.push(cuda_state, [standalone], version=2, staged=True, on_commit=on_commit)
+        assert rep.transport == "collective" and committed == [True]
         assert rep.replica_checksums["gpu-standalone"] == checksum_state(state)
         return [(await r.generate(f"g-{r.replica_id}", PROMPTS[0], GREEDY)).token_ids for r in (hybrid, standalone)]
 
     try:
         assert run_async(go()) == [ref, ref]
     finally:
+        router.close()
         for h in (hybrid, standalone):
             run_async(h.shutdown())
 

@@ -197,6 +197,8 @@ class VLLMEngine(WeightUpdates):
         self.state = "stopped"
         for task in list(self._late_aborts):
             task.cancel()
+        with contextlib.suppress(Exception):  # leave any broadcast group before the worker goes
+            await asyncio.wait_for(self._rpc("lhr_close_receivers"), timeout)
         llm, self.llm = self.llm, None
         with contextlib.suppress(Exception):
             await asyncio.to_thread(llm.shutdown, timeout)
@@ -491,4 +493,6 @@ class VLLMEngine(WeightUpdates):
             "kv_cache_tokens": self.kv_cache_tokens,
             "timings": dict(self.timings),
             "last_update": dict(self.last_update_info),
+            "weight_syncs_by_transport": dict(self.syncs_by_transport),
+            "cuda_device": self._cuda_device,
         }

@@ -25,7 +25,6 @@ import torch
 
 from lightning_hybrid_rollout.rollout.vllm.direct_reload import DirectReload
 from lightning_hybrid_rollout.rollout.weights.format import (
-    SAFETENSORS_DTYPE_BY_NAME,
     checksum_state,
     combine_digests,
     parse_safetensors,
@@ -236,66 +235,31 @@ class LHRWorkerExtension:
             nbytes += info["bytes"]
         return {"tensors": tensors, "bytes": nbytes, "buckets": len(spans)}
 
-    def lhr_load_ipc(self, blob: bytes) -> dict[str, Any]:
-        """GPU, colocated trainer: rebuild the trainer's tensors from CUDA IPC handles (zero copy) and load them."""
-        device = torch.cuda.current_device()
-        items = []
-        for name, fn, args in pickle.loads(blob):
-            args = list(args)
-            args[6] = device  # storage_device of rebuild_cuda_tensor: this process's device index
-            items.append((name, fn(*args)))
-        self._lhr_update["keep"].append(items)  # type: ignore[index]  # views must outlive the layer-wise reload
-        return self._lhr_feed(items)
+    def lhr_receive(self, transport: str, blob: bytes) -> dict[str, Any]:
+        """Hand a pickled :data:`~lightning_hybrid_rollout.rollout.weights.base.TransferRequest` to this worker's
+        receiver of ``transport`` (made on first use); load the tensors it returns (kept alive until the update
+        ends: the layer-wise reload may read them late)."""
+        from lightning_hybrid_rollout.rollout.weights.factory import create_receiver
 
-    def lhr_init_nccl(self, host: str, port: int, rank: int, world_size: int) -> bool:
-        """GPU, standalone: join the trainer's NCCL broadcast group (see ``transports.NcclWeightBroadcaster``)."""
-        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
-        from vllm.distributed.utils import StatelessProcessGroup
+        receivers = getattr(self, "_lhr_receivers", None)
+        if receivers is None:
+            receivers = self._lhr_receivers = {}
+        if transport not in receivers:
+            receivers[transport] = create_receiver(transport)
+        items = receivers[transport].receive(pickle.loads(blob))
+        if not items:
+            return {"tensors": 0}
+        info = self._lhr_feed(items)
+        self._lhr_update["keep"].append(items)  # type: ignore[index]
+        return info
 
-        pg = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size)
-        self._lhr_nccl = PyNcclCommunicator(pg, device=torch.cuda.current_device())
+    def lhr_close_receivers(self) -> bool:
+        """Release every transport receiver (e.g. leave the broadcast group)."""
+        for rx in (getattr(self, "_lhr_receivers", None) or {}).values():
+            with contextlib.suppress(Exception):
+                rx.close()
+        self._lhr_receivers = {}
         return True
-
-    def _lhr_recv_nccl(self, meta: dict[str, Any]) -> torch.Tensor:
-        buf = torch.empty(int(meta["nbytes"]), dtype=torch.uint8, device=torch.cuda.current_device())
-        stream = torch.cuda.current_stream()
-        self._lhr_nccl.broadcast(buf, src=0, stream=stream)
-        stream.synchronize()
-        return buf
-
-    @staticmethod
-    def _lhr_nccl_views(meta: dict[str, Any], buf: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
-        items = []
-        for m in meta["tensors"]:
-            dtype = SAFETENSORS_DTYPE_BY_NAME[m["dtype"]]
-            n = int(torch.Size(m["shape"]).numel()) * torch.empty((), dtype=dtype).element_size()
-            items.append((m["name"], buf[m["offset"] : m["offset"] + n].view(dtype).reshape(m["shape"])))
-        return items
-
-    def lhr_load_nccl(self, meta: dict[str, Any]) -> dict[str, Any]:
-        """GPU, standalone: receive one broadcast bucket (layout in ``meta``) and load it."""
-        buf = self._lhr_recv_nccl(meta)
-        self._lhr_update["keep"].append(buf)  # type: ignore[index]
-        return self._lhr_feed(self._lhr_nccl_views(meta, buf))
-
-    def lhr_stage_nccl(self, meta: dict[str, Any]) -> dict[str, Any]:
-        """GPU, staged sync: receive one broadcast bucket and keep it for :meth:`lhr_load_gpu_stage`."""
-        stage = getattr(self, "_lhr_gpu_stage", None)
-        if stage is None:
-            stage = self._lhr_gpu_stage = []
-        stage.append((meta, self._lhr_recv_nccl(meta)))
-        return {"bytes": int(meta["nbytes"]), "staged": len(stage)}
-
-    def lhr_load_gpu_stage(self) -> dict[str, Any]:
-        """GPU, staged sync commit: load every staged bucket (the buffers are freed after the update)."""
-        stage, self._lhr_gpu_stage = getattr(self, "_lhr_gpu_stage", None) or [], []
-        if not stage:
-            raise RuntimeError("lhr_load_gpu_stage: nothing staged")
-        tensors = 0
-        for meta, buf in stage:
-            self._lhr_update["keep"].append(buf)  # type: ignore[index]
-            tensors += self._lhr_feed(self._lhr_nccl_views(meta, buf))["tensors"]
-        return {"tensors": tensors, "buckets": len(stage)}
 
     def lhr_finish_update(self) -> dict[str, Any]:
         """Finalize the reload, check coverage and read-back; returns the checksum (or ``error``)."""

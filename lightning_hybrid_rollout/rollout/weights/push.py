@@ -23,7 +23,7 @@ How weights travel (CPU / any multi-node Ray cluster):
    :class:`~lightning_hybrid_rollout.errors.WeightSyncError` naming the replica on any mismatch.
 
 The replicas are :class:`~.receiver.WeightReceiver`\\ s. Tests reach inside a push only through :data:`seam`.
-The GPU transports (NCCL, CUDA IPC) are in :mod:`.transports`.
+The other transports (``collective``, ``cuda_ipc``) are their own modules (:mod:`.factory`).
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
-"""What a weight push calls on a replica: :class:`WeightReceiver` (CPU paths) and :class:`GpuWeightReceiver`.
+"""What a weight push calls on a replica: the :class:`WeightReceiver` protocol.
 
-:class:`~lightning_hybrid_rollout.rollout.replica.ReplicaHandle` implements both (each method calls the replica
+:class:`~lightning_hybrid_rollout.rollout.replica.ReplicaHandle` implements it (each method calls the replica
 actor's method of the same name, which forwards to the engine driver,
-:class:`~lightning_hybrid_rollout.rollout.vllm.driver.VLLMEngine`); the tests' fakes implement
-:class:`WeightReceiver`. ``tests/rollout/weights/test_receiver.py`` checks that the handle, the actor and the engine
-have every method with these signatures.
+:class:`~lightning_hybrid_rollout.rollout.vllm.driver.VLLMEngine`); so do the tests' fakes.
+``tests/rollout/weights/test_receiver.py`` checks that the handle, the actor and the engine have every method with
+these signatures.
 
 One update is a session: ``begin_weight_update`` (in-flight requests are aborted, new ones wait) → one or more loads
-→ ``finish_weight_update`` (returns the checksum of what the engine loaded) or ``abort_weight_update``. Staging calls
-(``stage_weight_bucket``, ``stage_weight_nccl``) happen *outside* a session, while the replica keeps serving; the
-session's load then reads what was staged (``load_weight_from_staging``, ``load_weight_from_gpu_stage``).
+→ ``finish_weight_update`` (returns the checksum of what the engine loaded) or ``abort_weight_update``. The
+staging-file transports (``node_shm``, ``ray``) have their own methods; every other transport goes through
+``receive_weights(transport, request)``, which the engine hands to that transport's receiver (:mod:`.factory`).
 """
 
 from __future__ import annotations
@@ -29,14 +29,10 @@ BucketPayload: TypeAlias = "WeightBucket | bytes | memoryview | np.ndarray | Obj
 """One bucket on the wire: a :class:`~.format.WeightBucket` or a safetensors blob; driver side also a Ray
 ``ObjectRef`` to one (Ray resolves a top-level ref argument, so the actor gets a zero-copy view)."""
 
-NcclBucketMeta: TypeAlias = dict[str, Any]
-"""Layout of one NCCL-broadcast bucket (``{"nbytes": int, "tensors": [{"name", "dtype", "shape", "offset"}]}``,
-from :meth:`~.transports.NcclWeightBroadcaster.describe`)."""
-
 
 @runtime_checkable
 class WeightReceiver(Protocol):
-    """A replica as the CPU push (:func:`~.push.push_weights_async`) sees it.
+    """A replica as a weight push sees it.
 
     Attributes:
         replica_id: Name used in reports and errors.
@@ -71,35 +67,15 @@ class WeightReceiver(Protocol):
         """In a session: load the buckets :meth:`stage_weight_bucket` put at ``spans``."""
         ...
 
+    async def receive_weights(self, transport: str, request: Any) -> dict[str, Any]:
+        """Hand ``request`` (a :data:`~.base.TransferRequest`) to the engine's receiver of ``transport``
+        (``collective``, ``cuda_ipc``): a join or a staged bucket outside a session, a load inside one."""
+        ...
+
     async def abort_weight_update(self) -> None:
         """Give the session up (the engine's checksum becomes unknown); a no-op without one."""
         ...
 
     async def finish_weight_update(self) -> str:
         """Close the session: verify the load and return the engine-side checksum of what it loaded."""
-        ...
-
-
-@runtime_checkable
-class GpuWeightReceiver(WeightReceiver, Protocol):
-    """A replica as the GPU transports (:mod:`.transports`) see it: CUDA IPC and NCCL on top of the CPU methods."""
-
-    async def load_weight_ipc(self, blob: bytes) -> dict[str, Any]:
-        """In a session: load the trainer's tensors from CUDA IPC handles (colocated engine)."""
-        ...
-
-    async def init_nccl_group(self, host: str, port: int, rank: int, world_size: int) -> bool:
-        """Join the trainer's NCCL broadcast group (rank >= 1; the trainer is rank 0)."""
-        ...
-
-    async def load_weight_nccl(self, meta: NcclBucketMeta) -> dict[str, Any]:
-        """In a session: receive one broadcast bucket and load it."""
-        ...
-
-    async def stage_weight_nccl(self, meta: NcclBucketMeta) -> dict[str, Any]:
-        """Outside a session (still serving): receive one broadcast bucket into a GPU buffer the engine keeps."""
-        ...
-
-    async def load_weight_from_gpu_stage(self) -> dict[str, Any]:
-        """In a session: load every bucket :meth:`stage_weight_nccl` received."""
         ...

@@ -1,18 +1,23 @@
 """What a weight push did (:class:`SyncReport`) and the verdict on the replicas' answers (:func:`check_replies`).
 
-Shared by the CPU push (:mod:`.push`) and the GPU transports (:mod:`.transports`): every replica answers a push
-with the checksum its engine computed over what it loaded; the trainer's checksum decides.
+Shared by every transport: each replica answers a push with the checksum its engine computed over what it loaded;
+the trainer's checksum decides.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lightning_hybrid_rollout.errors import WeightSyncError
 
 if TYPE_CHECKING:
+    import torch
+
     from lightning_hybrid_rollout.rollout.weights.receiver import WeightReceiver
 
 Reply = tuple[str, float]
@@ -35,9 +40,9 @@ class SyncReport:
         per_replica_seconds: ``replica_id -> seconds`` from the start of the fan-out to that replica's verified load.
         checksum: The trainer-side :func:`~.format.checksum_state`.
         replica_checksums: ``replica_id -> checksum`` as reported by each replica.
-        transport: ``"node_shm"``, ``"ray_object_store"`` (both joined by ``+`` when mixed), ``"cuda_ipc"`` or
-            ``"nccl"``.
-        per_replica_transport: ``replica_id -> "node_shm" | "ray_object_store"`` (CPU path).
+        transport: The transport(s) that ran: ``"node_shm"``, ``"ray_object_store"``, ``"collective"``,
+            ``"cuda_ipc"`` (several joined by ``+`` when replicas took different ones).
+        per_replica_transport: ``replica_id -> `` the transport that replica took.
         per_replica_commit_seconds: Staged pushes: ``replica_id -> seconds`` the replica stopped generating (from
             ``begin_weight_update`` to its verified load).
     """
@@ -101,3 +106,41 @@ def check_replies(
             failures[r.replica_id] = f"checksum mismatch: expected {report.checksum}, got {got}"
     if failures:
         raise WeightSyncError(failures, report)
+
+
+async def verified_sessions(
+    transport: str,
+    named: list[tuple[str, torch.Tensor]],
+    replicas: Sequence[WeightReceiver],
+    version: int,
+    load: Callable[[WeightReceiver], Awaitable[object]] | None,
+    nbytes: int,
+    num_buckets: int,
+    keep: bool = False,
+) -> SyncReport:
+    """One update session per replica around ``load`` (``begin_weight_update`` → ``load`` →
+    ``finish_weight_update``), the trainer hashing ``named`` meanwhile; judged by :func:`check_replies`."""
+    from lightning_hybrid_rollout.rollout.weights.format import checksum_state
+
+    t0 = time.perf_counter()
+    checksum_job = asyncio.ensure_future(asyncio.to_thread(checksum_state, named))
+
+    async def one(r: WeightReceiver) -> Reply:
+        s = time.perf_counter()
+        await r.begin_weight_update(version, 0, keep)
+        try:
+            assert load is not None
+            await load(r)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await r.abort_weight_update()
+            raise
+        return await r.finish_weight_update(), time.perf_counter() - s
+
+    replies = await asyncio.gather(*(one(r) for r in replicas), return_exceptions=True)
+    report = SyncReport(version, nbytes, len(replicas), num_buckets, 0.0, 0.0, checksum=await checksum_job)
+    report.seconds = time.perf_counter() - t0
+    report.transport = transport if replicas else "none"
+    report.per_replica_transport = {r.replica_id: transport for r in replicas}
+    check_replies(report, replicas, replies)
+    return report

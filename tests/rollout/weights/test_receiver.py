@@ -18,7 +18,7 @@ from lightning_hybrid_rollout.rollout.vllm import driver, weight_updates
 from lightning_hybrid_rollout.rollout.vllm.config import VLLMEngineConfig
 from lightning_hybrid_rollout.rollout.vllm.driver import WORKER_EXTENSION_CLS, VLLMEngine
 from lightning_hybrid_rollout.rollout.vllm.worker_extension import LHRWorkerExtension
-from lightning_hybrid_rollout.rollout.weights.receiver import GpuWeightReceiver, WeightReceiver
+from lightning_hybrid_rollout.rollout.weights.receiver import WeightReceiver
 from tests.rollout.fakes import FakeWeightReceiver
 
 
@@ -31,38 +31,30 @@ def _without_ray_tracing(sig: inspect.Signature) -> inspect.Signature:
     return sig.replace(parameters=[p for p in sig.parameters.values() if p.name != "_ray_trace_ctx"])
 
 
-def test_the_protocols_list_the_push_methods() -> None:
-    cpu = set(_methods(WeightReceiver))
-    assert cpu == {
+def test_the_protocol_lists_the_push_methods() -> None:
+    assert set(_methods(WeightReceiver)) == {
         "attach_node_staging",
         "begin_weight_update",
         "load_weight_from_node_staging",
         "load_weight_bucket",
         "stage_weight_bucket",
         "load_weight_from_staging",
+        "receive_weights",  # every transport without staging files (collective, cuda_ipc): one generic entry
         "abort_weight_update",
         "finish_weight_update",
-    }
-    gpu = set(_methods(GpuWeightReceiver)) - cpu
-    assert gpu == {
-        "load_weight_ipc",
-        "init_nccl_group",
-        "load_weight_nccl",
-        "stage_weight_nccl",
-        "load_weight_from_gpu_stage",
     }
 
 
 @pytest.mark.parametrize("cls", [ReplicaHandle, ReplicaActor, VLLMEngine], ids=lambda c: c.__name__)
 def test_handle_actor_and_engine_have_every_receiver_method_with_its_signature(cls: type) -> None:
-    for name, sig in _methods(GpuWeightReceiver).items():
+    for name, sig in _methods(WeightReceiver).items():
         method = getattr(cls, name, None)
         assert method is not None and inspect.iscoroutinefunction(method), f"{cls.__name__}.{name}"
         got = _without_ray_tracing(inspect.signature(method))
         assert got == sig, f"{cls.__name__}.{name}{got} != {sig}"
 
 
-def test_the_fake_implements_the_cpu_protocol() -> None:
+def test_the_fake_implements_the_protocol() -> None:
     fake = FakeWeightReceiver("f")
     assert isinstance(fake, WeightReceiver)
     for name, sig in _methods(WeightReceiver).items():
@@ -96,10 +88,10 @@ class _Actor:
 def test_every_handle_method_calls_the_actor_method_of_the_same_name(run_async) -> None:
     actor = _Actor()
     handle = ReplicaHandle(actor, ReplicaSpec("r0", "standalone", VLLMEngineConfig(model="unused")))
-    assert isinstance(handle, GpuWeightReceiver)
+    assert isinstance(handle, WeightReceiver)
 
     async def go() -> None:
-        for name, sig in _methods(GpuWeightReceiver).items():
+        for name, sig in _methods(WeightReceiver).items():
             args = [f"<{p}>" for p in list(sig.parameters)[1:]]
             got = await getattr(handle, name)(*args)
             assert actor.calls[-1] == (name, tuple(args))
