@@ -252,8 +252,7 @@ def _worker(spec_path: str) -> None:
         "train_wall_s": recorder.t_end - recorder.t_start,
         "step_ends_s": recorder.step_ends,
         "global_step": trainer.global_step,
-        "switch_events": hybrid_cb.switch_events,
-        "call_log_counts": {k: hybrid_cb.call_log.count(k) for k in sorted(set(hybrid_cb.call_log))},
+        "switch_totals": hybrid_cb.switch_totals,
         "final_deactivate_ratio": hybrid_cb.policy.deactivate_ratio,
         "timings": timings,
         "rollouter_counters": recorder.counters,
@@ -341,9 +340,7 @@ def _summarize(run_dir: Path, report: dict[str, Any]) -> dict[str, Any]:
         sum(col("dynamic_resource/train_compute_time_s")),
         sum(col("dynamic_resource/train_allocated_time_s")),
     )
-    events = report["switch_events"]
-    act = [e["duration_s"] for e in events if e["kind"] == "activate"]
-    deact = [e["duration_s"] for e in events if e["kind"] == "deactivate"]
+    act, deact = report["switch_totals"]["activate"], report["switch_totals"]["deactivate"]
     lengths = _floats(rows, "train/response_length_mean")
     kept = _floats(rows, "train/kept_fraction")
     wait_hybrid_s, wait_parked_s = _trainer_waits(run_dir)
@@ -365,9 +362,9 @@ def _summarize(run_dir: Path, report: dict[str, Any]) -> dict[str, Any]:
         "wait_share": 1.0 - compute / allocated if allocated > 0 else math.nan,
         "train_compute_s": compute,
         "train_allocated_s": allocated,
-        "activations": len(act),
-        "activate_s_mean": statistics.fmean(act) if act else 0.0,
-        "deactivate_s_mean": statistics.fmean(deact) if deact else 0.0,
+        "activations": int(act["count"]),
+        "activate_s_mean": act["seconds"] / act["count"] if act["count"] else 0.0,
+        "deactivate_s_mean": deact["seconds"] / deact["count"] if deact["count"] else 0.0,
         "weight_sync_s": sum(col("dynamic_resource/weight_sync_time_s")),
         "generated_samples": sum(col("fully_async/rollouter/step_generated_samples")),
         "mq_size_mean": statistics.fmean(col("dynamic_resource/mq_size")) if cyc else math.nan,

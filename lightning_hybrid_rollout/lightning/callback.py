@@ -49,6 +49,7 @@ from lightning_hybrid_rollout.errors import ReplicaFailureError
 from lightning_hybrid_rollout.lightning.cycle_report import CycleReport
 from lightning_hybrid_rollout.lightning.overlap import OverlapSync
 from lightning_hybrid_rollout.lightning.placement import rank_node_ips
+from lightning_hybrid_rollout.lightning.recent import RecentList
 from lightning_hybrid_rollout.lightning.trainer_side import StepTimes, TrainerSide
 from lightning_hybrid_rollout.lightning.workload import Workload, attach_batch_source, load_workload
 from lightning_hybrid_rollout.models.model_path import take_model_path
@@ -80,10 +81,16 @@ _EXPECTED_WARNINGS = (
 for _message in _EXPECTED_WARNINGS:
     warnings.filterwarnings("ignore", message=_message)
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2  # 2: switch_totals instead of every switch event
+_SWITCH_KINDS = ("activate", "deactivate")
 HEALTH_PROBE_EVERY_S = 5.0
 """While the trainer waits for samples, each replica answers a health check this often (an unanswered one is
 treated as dead after ``rollout.replica_health_timeout_s``)."""
+#: How many of the newest entries ``call_log`` keeps (a fit of any length keeps flat memory).
+CALL_LOG_SIZE = 256
+#: How many of the newest switches ``switch_events``, ``overlap_events`` and the controller's ``switch_history``
+#: keep (the controller's goes into every checkpoint: a week-long run keeps its checkpoint's size flat).
+SWITCH_HISTORY_SIZE = 32
 
 
 class HybridRolloutCallback(Callback):
@@ -209,10 +216,17 @@ class HybridRolloutCallback(Callback):
         self.cycles_done = 0
         self.samples_consumed = 0
         self.generated_offset = 0
-        self.switch_events: list[dict[str, Any]] = []
-        self.call_log: list[str] = []
+        #: Every switch since the run began, by kind: ``{"activate": {"count": n, "seconds": s}, "deactivate": ...}``
+        #: (checkpointed; the console line's activations so far).
+        self.switch_totals: dict[str, dict[str, float]] = {k: {"count": 0, "seconds": 0.0} for k in _SWITCH_KINDS}
+        #: The newest switches, ``{"kind", "cycle", "duration_s"}`` each (not checkpointed).
+        self.switch_events: list[dict[str, Any]] = RecentList(SWITCH_HISTORY_SIZE)
+        #: The newest scheduler and trainer calls by name, oldest first (not checkpointed; tests read the order).
+        self.call_log: list[str] = RecentList(CALL_LOG_SIZE)
         #: ``overlap_sync``'s ask-first, prepare-under-the-sync and undo (rank 0; :mod:`.overlap`).
-        self._overlap = OverlapSync(clock=lambda: self._clock(), call_log=self.call_log)
+        self._overlap = OverlapSync(
+            clock=lambda: self._clock(), call_log=self.call_log, keep_events=SWITCH_HISTORY_SIZE
+        )
         #: Offload/onload, the weight gather, the rank protocol (every rank); the hybrid pool's ``TrainerLink``.
         self._trainer_side = TrainerSide(self.call_log, weight_version=lambda: self.param_version)
         self.last_cycle_metrics: dict[str, float] = {}
@@ -340,12 +354,18 @@ class HybridRolloutCallback(Callback):
         )
         self._runtime.hybrid_node_ips = node_ips
         self._runtime.start()
-        self._controller = DynamicResourceController(
-            self._runtime.pool,
+        self._controller = self._build_controller(self._runtime.pool)
+
+    def _build_controller(self, pool: ReplicaPool) -> DynamicResourceController:
+        """The controller over ``pool``, on the callback's clock, keeping the newest ``SWITCH_HISTORY_SIZE``
+        switches."""
+        return DynamicResourceController(
+            pool,
             self.policy,
             clock=self._clock,
             enable_rebalance=self.async_training.dynamic_schedule_enable_rebalance,
             has_hybrid=self.rollout.hybrid_replicas > 0,
+            history_size=SWITCH_HISTORY_SIZE,
         )
 
     @override
@@ -691,6 +711,9 @@ class HybridRolloutCallback(Callback):
 
     def _record_switch(self, kind: str, duration_s: float) -> None:
         self.switch_events.append({"kind": kind, "cycle": self.cycles_done, "duration_s": duration_s})
+        totals = self.switch_totals[kind]
+        totals["count"] += 1
+        totals["seconds"] += duration_s
 
     # ------------------------------------------------------------------------------------------------- metrics
 
@@ -700,9 +723,8 @@ class HybridRolloutCallback(Callback):
         assert report is not None
         side = self._trainer_side
         measured = report.cycle_end(stats, sync_s, end, self.param_version, side.last_offload_s, side.last_onload_s)
-        self.last_cycle_metrics = report.emit(
-            trainer, measured, self.cycles_done, self.samples_consumed, self.switch_events
-        )
+        activations = int(self.switch_totals["activate"]["count"])
+        self.last_cycle_metrics = report.emit(trainer, measured, self.cycles_done, self.samples_consumed, activations)
 
     # ---------------------------------------------------------------------------------------------- checkpoint
 
@@ -715,7 +737,7 @@ class HybridRolloutCallback(Callback):
             "samples_consumed": self.samples_consumed,
             "hybrid_sync_skipped": self.hybrid_sync_skipped,
             "cycle_ledger": self._ledger.state_dict(),
-            "switch_events": list(self.switch_events),
+            "switch_totals": {k: dict(v) for k, v in self.switch_totals.items()},
             "policy": self.policy.state_dict(),
         }
         if self._controller is not None:
@@ -734,7 +756,7 @@ class HybridRolloutCallback(Callback):
         self._ledger.load_state_dict(
             state_dict.get("cycle_ledger", {"hybrid_sync_skipped_total": state_dict.get("hybrid_sync_skipped", 0)})
         )
-        self.switch_events = list(state_dict.get("switch_events", []))
+        self.switch_totals = _switch_totals(state_dict)
         self.policy.load_state_dict(state_dict["policy"])
         self._pending_state = dict(state_dict)
 
@@ -768,3 +790,16 @@ class HybridRolloutCallback(Callback):
             pool.sync_weights()
             pool.add_replicas()
             pool.resume_generation_replicas()
+
+
+def _switch_totals(state: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """The checkpoint's switch totals; a version-1 checkpoint's every switch event (``switch_events``) summed."""
+    if "switch_totals" in state:
+        saved = state["switch_totals"]
+        return {k: {"count": int(saved[k]["count"]), "seconds": float(saved[k]["seconds"])} for k in _SWITCH_KINDS}
+    totals: dict[str, dict[str, float]] = {k: {"count": 0, "seconds": 0.0} for k in _SWITCH_KINDS}
+    for event in state.get("switch_events", []):
+        if event.get("kind") in totals:
+            totals[event["kind"]]["count"] += 1
+            totals[event["kind"]]["seconds"] += float(event.get("duration_s", 0.0))
+    return totals

@@ -11,7 +11,7 @@ The callback builds one per fit (at ``on_train_start``) and passes its own count
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -126,7 +126,7 @@ class CycleReport:
         )
 
     def emit(
-        self, trainer: Trainer, end: CycleEnd, cycle: int, samples_consumed: int, switch_events: Sequence[Any]
+        self, trainer: Trainer, end: CycleEnd, cycle: int, samples_consumed: int, activations: int
     ) -> dict[str, float]:
         """Close the cycle in the ledger and log its ``dynamic_resource/*`` values; returns them.
 
@@ -138,7 +138,7 @@ class CycleReport:
             end: The cycle's end (:meth:`cycle_end`).
             cycle: Cycles done, this one included.
             samples_consumed: Samples trained on since the run began.
-            switch_events: The callback's switch events (``{"kind": "activate" | "deactivate", ...}``).
+            activations: Hybrid activations since the run began.
         """
         values = self.ledger.close(end)
         values[M.REPLICA_RESTARTS] = float(self.runtime.replica_restarts())
@@ -149,14 +149,13 @@ class CycleReport:
         self.runtime.trace_cycle(cycle, self.clock(), values)
         every = self.summary_every_n_cycles
         if every and (cycle == 1 or cycle % every == 0):
-            rank_zero_info(self.summary_line(trainer, cycle, samples_consumed, switch_events))
+            rank_zero_info(self.summary_line(trainer, cycle, samples_consumed, activations))
         return values
 
-    def summary_line(self, trainer: Trainer, cycle: int, samples_consumed: int, switch_events: Sequence[Any]) -> str:
-        """One console line: where the run is and how the hybrid replicas were used since the last one."""
+    def summary_line(self, trainer: Trainer, cycle: int, samples_consumed: int, activations: int) -> str:
+        """One console line: where the run is and how often the hybrid replicas were activated so far."""
         metrics = trainer.callback_metrics
         reward = metrics.get("train/reward_mean")
-        kinds = [e["kind"] for e in switch_events]
         elapsed = max(1e-9, self.clock() - self.fit_start)
         text = f"[lhr] cycle {cycle} (step {trainer.global_step})"
         if reward is not None:
@@ -164,7 +163,7 @@ class CycleReport:
         text += (
             f", {samples_consumed / elapsed:.1f} samples/s trained, queue {self.runtime.queue_size()}, "
             f"hybrid {'on' if self.hybrid_active else 'off'} "
-            f"({kinds.count('activate')} activations so far)"
+            f"({activations} activations so far)"
         )
         skipped = self.runtime.prompts_skipped_too_long()
         return text + (f", {skipped} prompts skipped (too long)" if skipped else "")

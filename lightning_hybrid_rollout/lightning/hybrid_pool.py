@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from lightning_hybrid_rollout.errors import ReplicaDeadError, is_replica_dead_error
+from lightning_hybrid_rollout.lightning.recent import RecentList
 from lightning_hybrid_rollout.rollout.drain import DrainReport
 
 __all__ = ["HybridReplicaPool", "NoTrainer", "OverlapReport", "TrainerLink"]
@@ -118,7 +119,8 @@ class HybridReplicaPool:
         self.awake = False
         #: Param version the hybrid engines hold while awake (None: asleep, or not synced since they woke).
         self.weights_version: int | None = None
-        self.calls: list[str] = []
+        #: The newest pool calls by name, oldest first (bounded for long fits; tests read the order).
+        self.calls: list[str] = RecentList(256)
         #: Seconds of hybrid weight pushes not yet reported in a cycle's ``weight_sync_time_s``.
         self.cycle_sync_s = 0.0
         #: What the last deactivation's abort step did (``rollout.deactivation_drain_s``), and the run's sum.

@@ -14,6 +14,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from lightning_hybrid_rollout.lightning.recent import RecentList
+
 __all__ = ["OverlapSync"]
 
 log = logging.getLogger(__name__)
@@ -26,14 +28,15 @@ class OverlapSync:
         clock: The callback's clock.
         call_log: The callback's call log (appended to: ``overlap_should_activate``, ``overlap_prepare``,
             ``overlap_undo``).
+        keep_events: How many of the newest preparations :attr:`events` keeps.
     """
 
-    def __init__(self, clock: Callable[[], float], call_log: list[str]) -> None:
+    def __init__(self, clock: Callable[[], float], call_log: list[str], keep_events: int = 32) -> None:
         self._clock = clock
         self._call_log = call_log
         self._saved_s = 0.0
-        #: One entry per preparation: timings, seconds saved, whether the controller activated, any undo.
-        self.events: list[dict[str, Any]] = []
+        #: The newest preparations, one entry each: timings, seconds saved, whether the controller activated, any undo.
+        self.events: list[dict[str, Any]] = RecentList(keep_events)
 
     def will_activate(self, controller: Any, runtime: Any, global_steps: int, context: Callable[[], Any]) -> bool:
         """Ask ``should_activate_after_step`` before the standalone sync.

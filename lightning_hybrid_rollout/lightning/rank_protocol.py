@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from lightning_hybrid_rollout.errors import RankProtocolError
+from lightning_hybrid_rollout.lightning.recent import RecentList
 
 __all__ = ["OFFLOAD", "STAY", "BoundaryProtocol"]
 
@@ -51,8 +52,8 @@ class BoundaryProtocol:
         self._barrier = barrier
         self._open = False
         self._sent: str | None = None
-        #: Every message this rank sent or received, in order (one per boundary).
-        self.history: list[str] = []
+        #: The newest messages this rank sent or received, in order (one per boundary; bounded for long fits).
+        self.history: list[str] = RecentList(32)
 
     @property
     def is_open(self) -> bool:
