@@ -120,13 +120,12 @@ from typing import Any
 from lightning_hybrid_rollout.analysis.run_bound import read_run
 from lightning_hybrid_rollout.sim import simulate
 from lightning_hybrid_rollout.sim.calibrate import (
-    HYBRID_SPEED_RATIO,
-    STANDALONE_SPEED_WITH_HYBRID,
     Calibration,
     CalibrationError,
     calibrate_run,
     find_config,
 )
+from lightning_hybrid_rollout.sim.calibration import CPU_2CORE
 from lightning_hybrid_rollout.sim.scenario import RUN_KEYS, Scenario
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, also when loaded by file path (tests)
@@ -134,6 +133,8 @@ from machine_speed import STEADY_TOLERANCE, counted_rounds, probe_spread
 
 STATIC = "static_fully_async"
 DYNAMIC = "rate_matched"
+#: The host the real runs run on (cpu_miniature's 2 vCPUs): its figures where none is given.
+HOST = CPU_2CORE
 #: The workload keys both runs must share (else one cannot predict the other).
 _WORKLOAD = ("mini_batch_size", "require_batches", "trigger_parameter_sync_step", "staleness_threshold")
 
@@ -288,10 +289,10 @@ class Comparison:
     machine_decode: float = 1.0
     #: The dynamic run's measured hybrid / standalone decode rate (the static side assumes ``hybrid_speed_ratio``).
     measured_hybrid_ratio: float = float("nan")
-    hybrid_speed_ratio: float = HYBRID_SPEED_RATIO
+    hybrid_speed_ratio: float = HOST.hybrid_speed_ratio
     #: The factor the standalone rate was converted by across the swap (both ways).
-    standalone_speed_with_hybrid: float = STANDALONE_SPEED_WITH_HYBRID
-    #: Whether that factor is the default (:data:`STANDALONE_SPEED_WITH_HYBRID`, the machine's figure) or was given.
+    standalone_speed_with_hybrid: float = HOST.standalone_speed_with_hybrid
+    #: Whether that factor is the default (:data:`HOST`'s, the machine's figure) or was given.
     standalone_speed_default: bool = False
     #: How fast the independent probe found the machine in the dynamic run against the static one (None: unknown).
     machine_probe: float | None = None
@@ -690,7 +691,7 @@ def compare(
     static_dir: str | Path,
     dynamic_dir: str | Path,
     *,
-    hybrid_speed_ratio: float = HYBRID_SPEED_RATIO,
+    hybrid_speed_ratio: float = HOST.hybrid_speed_ratio,
     standalone_speed_with_hybrid: float | None = None,
 ) -> Comparison:
     """Calibrate from each run, predict the other (and the static run itself), compare with the real walls."""
@@ -699,14 +700,14 @@ def compare(
     real_static, real_dynamic = static_report.wall_s, dynamic_report.wall_s  # the traced walls
     factors = {"standalone_speed_with_hybrid": standalone_speed_with_hybrid}
 
-    from_static = calibrate_run(static_dir, hybrid_speed_ratio=hybrid_speed_ratio)
+    from_static = calibrate_run(static_dir, hybrid_speed_ratio=hybrid_speed_ratio, host=HOST)
     static_run = run_from_config(static_dir, from_static, STATIC)
     dynamic_run = run_from_config(dynamic_dir, from_static, DYNAMIC)  # its configuration only
     dynamic_scenario = from_static.scenario_for(dynamic_run, **factors)
     static_self, static_self_lag, static_self_bound = simulated(from_static.scenario_for(static_run, **factors))
     dynamic_pred, dynamic_pred_lag, dynamic_pred_bound = simulated(dynamic_scenario)
 
-    from_dynamic = calibrate_run(dynamic_dir, hybrid_speed_ratio=hybrid_speed_ratio)
+    from_dynamic = calibrate_run(dynamic_dir, hybrid_speed_ratio=hybrid_speed_ratio, host=HOST)
     static_from_dynamic = run_from_config(static_dir, from_dynamic, STATIC)
     static_scenario = from_dynamic.scenario_for(static_from_dynamic, **factors)
     static_pred, static_pred_lag, _ = simulated(static_scenario)
@@ -943,13 +944,13 @@ def main(argv: list[str] | None = None) -> Comparison | Rounds:
     )
     p.add_argument("--steps", type=int, default=64, help="optimizer steps per real run")
     p.add_argument("--out", default=None, help="keep the real runs' folders here (default: a temp dir)")
-    p.add_argument("--hybrid-speed-ratio", type=float, default=HYBRID_SPEED_RATIO)
+    p.add_argument("--hybrid-speed-ratio", type=float, default=HOST.hybrid_speed_ratio)
     p.add_argument(
         "--standalone-speed-with-hybrid",
         type=float,
         default=None,
         help="convert the standalone rate by this factor across the swap, both ways (default: the machine's "
-        f"figure, {STANDALONE_SPEED_WITH_HYBRID:g}; Calibration.scenario_for)",
+        f"figure, {HOST.name}'s {HOST.standalone_speed_with_hybrid:g}; Calibration.scenario_for)",
     )
     args, rest = p.parse_known_args(argv)
     factors = {

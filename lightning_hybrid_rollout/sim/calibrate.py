@@ -32,6 +32,8 @@ from lightning_hybrid_rollout.sim.calibration import (
     Calibration,
     FitLog,
     FittedParameter,
+    HostPreset,
+    get_host_preset,
 )
 from lightning_hybrid_rollout.sim.length_fit import clipped_moments, fit_lengths, fit_lognormal
 from lightning_hybrid_rollout.sim.rate_fit import DecodeRates, fit_decode_rates
@@ -78,6 +80,7 @@ def calibrate_run(
     defaults: Scenario | None = None,
     require_metrics: bool = False,
     hybrid_speed_ratio: float | None = None,
+    host: HostPreset | str | None = None,
 ) -> Calibration:
     """:func:`calibrate` the run in ``run_dir`` (``trace.json``, ``metrics.csv`` if there, ``config.yaml`` if there).
 
@@ -87,6 +90,7 @@ def calibrate_run(
         defaults: A scenario whose numbers stand in for what the run did not measure (default: the classes').
         require_metrics: Refuse a folder without ``metrics.csv``.
         hybrid_speed_ratio: ``ρ`` assumed when the hybrid replicas never served (:func:`calibrate`).
+        host: The host the run ran on (:func:`calibrate`).
 
     Raises:
         CalibrationError: No such folder, no ``trace.json`` (or ``metrics.csv`` when required), an unreadable trace
@@ -120,6 +124,7 @@ def calibrate_run(
         defaults=defaults,
         config_name=config_name,
         hybrid_speed_ratio=hybrid_speed_ratio,
+        host=host,
     )
     if rows is None:
         fit.notes.append(f"no metrics.csv in {path}: lengths come from the trace's counters only")
@@ -159,6 +164,7 @@ def calibrate(
     defaults: Scenario | None = None,
     config_name: str = "config",
     hybrid_speed_ratio: float | None = None,
+    host: HostPreset | str | None = None,
 ) -> Calibration:
     """Fit a scenario to one run (pure: the loaded trace, metrics rows and config document; see the module doc).
 
@@ -171,7 +177,11 @@ def calibrate(
         defaults: A scenario whose numbers stand in for what the run did not measure (default: the classes').
         config_name: How the report names the config (its file).
         hybrid_speed_ratio: When the hybrid replicas never served (a static run): their ``tokens_per_s`` over the
-            standalone replicas' (default :data:`HYBRID_SPEED_RATIO`); ignored when the run measured it.
+            standalone replicas' (default: the host's, else :data:`HYBRID_SPEED_RATIO`); ignored when the run
+            measured it.
+        host: The host the run ran on: a :class:`~lightning_hybrid_rollout.sim.calibration.HostPreset` or its name
+            (``"cpu_2core"``), whose figures stand in for ``hybrid_speed_ratio`` and the conversion factor of
+            :meth:`Calibration.scenario_for` where none is given (None: 1.0 each, no slowdown assumed).
 
     Raises:
         CalibrationError: The trace has no trainer span, no cycle totals (``trained_samples``, ...) or no replica
@@ -179,7 +189,10 @@ def calibrate(
     """
     fit = FitLog()
     base = defaults or Scenario(name="defaults")
-    hybrid_speed_ratio = HYBRID_SPEED_RATIO if hybrid_speed_ratio is None else float(hybrid_speed_ratio)
+    host = get_host_preset(host) if isinstance(host, str) else host
+    if hybrid_speed_ratio is None:
+        hybrid_speed_ratio = HYBRID_SPEED_RATIO if host is None else host.hybrid_speed_ratio
+    hybrid_speed_ratio = float(hybrid_speed_ratio)
     if not hybrid_speed_ratio > 0:
         raise CalibrationError(f"hybrid_speed_ratio must be > 0, got {hybrid_speed_ratio}")
     spans = trace.spans_of(TRAINER_TRACK)
@@ -219,7 +232,7 @@ def calibrate(
         fit.notes.append(f"not measured by this run (defaults kept): {', '.join(missing)}")
     hybrid_served = sum(c.decoded["hybrid"] for c in cycles) > 0
     hybrid_ratio = rates.hybrid_assumed if rates.hybrid else None
-    return Calibration(scenario, fit.params, fit.notes, hybrid_served, hybrid_ratio)
+    return Calibration(scenario, fit.params, fit.notes, hybrid_served, hybrid_ratio, host=host)
 
 
 # ------------------------------------------------------------------------------ split, replicas, devices

@@ -2,8 +2,9 @@
 
 :class:`Calibration` holds the scenario fitted to a run and one :class:`FittedParameter` per number (its value,
 spread, observations and source); :meth:`Calibration.scenario_for` predicts another run of the same workload.
-:class:`FitLog` collects the parameters while a fit builds the scenario's sections. The two assumptions a
-prediction across a static / dynamic swap rests on: :data:`HYBRID_SPEED_RATIO`, :data:`STANDALONE_SPEED_WITH_HYBRID`.
+:class:`FitLog` collects the parameters while a fit builds the scenario's sections. The two figures of the machine a
+prediction across a static / dynamic swap rests on: :data:`HYBRID_SPEED_RATIO`, :data:`STANDALONE_SPEED_WITH_HYBRID`
+(1.0: no slowdown assumed), or a named :class:`HostPreset` (:data:`HOST_PRESETS`).
 """
 
 from __future__ import annotations
@@ -20,34 +21,78 @@ from lightning_hybrid_rollout.errors import CalibrationError
 from lightning_hybrid_rollout.sim.scenario import RunSpec, Scenario, ScenarioError
 
 __all__ = [
+    "CPU_2CORE",
+    "HOST_PRESETS",
     "HYBRID_SPEED_RATIO",
     "NOT_MEASURED",
     "STANDALONE_SPEED_WITH_HYBRID",
     "Calibration",
     "FitLog",
     "FittedParameter",
+    "HostPreset",
+    "get_host_preset",
 ]
 
 #: A run whose hybrid replicas never served (a static run) cannot measure their speed: their ``tokens_per_s`` is
-#: assumed this fraction of the standalone replicas' (``ρ``: per replica, relative to their average rate).
-#: 0.71: the median of the 37 CPU-miniature ``rate_matched`` runs of 2026-12-04 (stops 32-33; quartiles 0.68-0.74),
-#: where the hybrid replica shares the trainer's core (docs/simulator.md, "The machine's two figures");
-#: ``calibrate(..., hybrid_speed_ratio=)`` overrides it. Another cluster: a dynamic run's fitted ratio there
-#: (``lhr simulate --from-run RUN --fit-only``: ``hybrid_replica.tokens_per_s`` over ``replica.tokens_per_s``; ``lhr
-#: report``'s per-device ``rho`` where both kinds of replica span as many devices).
-HYBRID_SPEED_RATIO = 0.71
+#: assumed this fraction of the standalone replicas' (``ρ``: per replica, relative to their average rate). The
+#: library default, 1.0, assumes a hybrid replica decodes as fast as a standalone one (devices of its own); a host
+#: where it shares the trainer's cores names its :class:`HostPreset` (``cpu_2core``: 0.71) or gives its figure
+#: (``calibrate(..., hybrid_speed_ratio=)``; a dynamic run's fitted ``hybrid_replica.tokens_per_s`` over
+#: ``replica.tokens_per_s``, ``lhr simulate --from-run RUN --fit-only``).
+HYBRID_SPEED_RATIO = 1.0
 #: The standalone replicas' speed beside a busy trainer device (training, or lent to a hybrid replica) over their
 #: speed beside an idle one: the factor :meth:`Calibration.scenario_for` converts their rate by between a static run
-#: and one whose hybrid replicas serve (the trainer's device busy nearly throughout), in both directions. A figure of
-#: the machine, not of one run: 0.91 is the median ``replica.speed_while_training`` of the 52 static CPU-miniature
-#: runs of 2026-12-04 (stops 32-33; quartiles 0.87-0.94), where the trainer's core and the standalone replica's share
-#: caches and memory bandwidth. One run's own ``speed_while_training`` does not carry over to the next (two static runs
-#: minutes apart correlate at r = 0.35, and the dynamic run's slowdown not at all: docs/simulator.md). Where the
-#: rollout devices share nothing with the trainer's (a GPU of their own) it is 1.0:
-#: ``scenario_for(..., standalone_speed_with_hybrid=1.0)``.
-STANDALONE_SPEED_WITH_HYBRID = 0.91
+#: and one whose hybrid replicas serve, in both directions. The library default, 1.0, assumes the rollout devices
+#: share nothing with the trainer's (a GPU of their own); a host where they share caches and memory bandwidth names
+#: its :class:`HostPreset` (``cpu_2core``: 0.91) or gives its figure (``scenario_for(...,
+#: standalone_speed_with_hybrid=)``).
+STANDALONE_SPEED_WITH_HYBRID = 1.0
 #: The source of a number the run did not record.
 NOT_MEASURED = "default, not measured"
+
+
+@dataclass(frozen=True)
+class HostPreset:
+    """A kind of host's two figures a prediction across a static / dynamic swap rests on (``--host-preset``)."""
+
+    name: str
+    """What ``lhr plan --host-preset`` and ``lhr simulate --host-preset`` call it."""
+    hybrid_speed_ratio: float
+    """A hybrid replica's decode rate over a standalone one's, per replica (:data:`HYBRID_SPEED_RATIO`)."""
+    standalone_speed_with_hybrid: float
+    """The standalone replicas' speed beside a busy trainer device over beside an idle one
+    (:data:`STANDALONE_SPEED_WITH_HYBRID`)."""
+    description: str = ""
+    """The host the figures were measured on."""
+
+
+#: The 2-vCPU CPU host of the CPU miniature (``benchmarks/cpu_miniature.py``), where the hybrid replica shares the
+#: trainer's core and the standalone replica shares its caches: ρ 0.71 is the median of its 37 ``rate_matched`` runs
+#: (quartiles 0.68-0.74), 0.91 the median ``replica.speed_while_training`` of its 52 static runs (quartiles 0.87-0.94;
+#: docs/simulator.md, "The machine's two figures").
+CPU_2CORE = HostPreset(
+    name="cpu_2core",
+    hybrid_speed_ratio=0.71,
+    standalone_speed_with_hybrid=0.91,
+    description="2 vCPUs: the trainer and the hybrid replica on one core, the standalone replica on the other",
+)
+#: The named host presets.
+HOST_PRESETS: dict[str, HostPreset] = {p.name: p for p in (CPU_2CORE,)}
+
+
+def get_host_preset(name: str) -> HostPreset:
+    """The host preset called ``name``.
+
+    Raises:
+        CalibrationError: No such preset.
+    """
+    try:
+        return HOST_PRESETS[name]
+    except KeyError:
+        raise CalibrationError(
+            f"unknown host preset {name!r}; known: {', '.join(sorted(HOST_PRESETS))} (or give the figures: "
+            "--hybrid-speed-ratio R --standalone-speed-with-hybrid F)"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -90,9 +135,12 @@ class Calibration:
     notes: list[str] = field(default_factory=list)
     hybrid_served: bool = False
     hybrid_speed_ratio: float | None = None
-    #: The conversion factor :meth:`scenario_for` uses when given none (None: :data:`STANDALONE_SPEED_WITH_HYBRID`);
-    #: ``lhr plan --from-run RUN_DIR --standalone-speed-with-hybrid F`` sets it.
+    #: The conversion factor :meth:`scenario_for` uses when given none (None: the host's); ``lhr plan --from-run
+    #: RUN_DIR --standalone-speed-with-hybrid F`` sets it.
     standalone_factor: float | None = None
+    #: The host the pilot ran on (``--host-preset``): its figure is the conversion factor where none is given (None:
+    #: :data:`STANDALONE_SPEED_WITH_HYBRID`).
+    host: HostPreset | None = None
 
     def scenario_for(
         self,
@@ -106,7 +154,7 @@ class Calibration:
 
         The standalone replicas' rate is converted between a run whose hybrid replicas serve and one where they
         never do (``run`` is static, or its policy is ``static_fully_async``), by ``f`` =
-        ``standalone_speed_with_hybrid`` (default :data:`STANDALONE_SPEED_WITH_HYBRID`, a figure of the machine): in
+        ``standalone_speed_with_hybrid`` (default: the host's, a figure of the machine): in
         the serving run the trainer's device is busy nearly all the time (training, or lending itself to a hybrid
         replica), in the static run only while it trains. So:
 
@@ -121,7 +169,7 @@ class Calibration:
         from a static fit then takes it as its ``speed_while_training`` too (1.0: replicas on devices of their own).
 
         Where the fitted run never measured the hybrid replicas, their rate is ``hybrid_speed_ratio`` (default: the
-        fit's, :data:`HYBRID_SPEED_RATIO`) × the converted standalone rate.
+        fit's: the host's, else :data:`HYBRID_SPEED_RATIO`) × the converted standalone rate.
 
         Args:
             run: The run to predict (a :class:`~lightning_hybrid_rollout.sim.scenario.RunSpec` or its mapping:
@@ -167,11 +215,13 @@ class Calibration:
 
     def standalone_speed_with_hybrid(self, given: float | None = None) -> float:
         """The factor :meth:`scenario_for` converts the standalone replicas' rate by between a static run and a
-        serving one: ``given``, else the calibration's ``standalone_factor``, else
+        serving one: ``given``, else the calibration's ``standalone_factor``, else its host's, else
         :data:`STANDALONE_SPEED_WITH_HYBRID`."""
         if given is not None:
             return float(given)
-        return STANDALONE_SPEED_WITH_HYBRID if self.standalone_factor is None else float(self.standalone_factor)
+        if self.standalone_factor is not None:
+            return float(self.standalone_factor)
+        return STANDALONE_SPEED_WITH_HYBRID if self.host is None else self.host.standalone_speed_with_hybrid
 
     @property
     def standalone_average_over_outside(self) -> float:

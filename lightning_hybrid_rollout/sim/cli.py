@@ -38,7 +38,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from lightning_hybrid_rollout.sim.calibration import HYBRID_SPEED_RATIO, STANDALONE_SPEED_WITH_HYBRID, Calibration
+from lightning_hybrid_rollout.sim.calibration import (
+    HOST_PRESETS,
+    HYBRID_SPEED_RATIO,
+    STANDALONE_SPEED_WITH_HYBRID,
+    Calibration,
+)
 from lightning_hybrid_rollout.sim.presets import get_preset, preset_names
 from lightning_hybrid_rollout.sim.runner import (
     BREAKDOWN_HELP,
@@ -82,7 +87,21 @@ def _simulate_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--write-scenario", metavar="FILE", help="with --from-run: write the fitted scenario YAML to FILE")
     p.add_argument("--fit-only", action="store_true", help="with --from-run: fit and print, do not simulate")
+    _add_host_preset(p)
     return p
+
+
+def _add_host_preset(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--host-preset",
+        choices=sorted(HOST_PRESETS),
+        help="with --from-run: the figures of the host the run ran on where none is given (hybrid_speed_ratio, "
+        "standalone_speed_with_hybrid; default: 1.0 each, no slowdown assumed): "
+        + "; ".join(
+            f"{h.name}: {h.hybrid_speed_ratio:g} / {h.standalone_speed_with_hybrid:g}, {h.description}"
+            for h in HOST_PRESETS.values()
+        ),
+    )
 
 
 def _from_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Scenario:
@@ -92,7 +111,7 @@ def _from_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Scen
     if args.scenario or args.preset:
         parser.error("--from-run replaces the scenario: give no scenario file and no --preset")
     try:
-        fit = calibrate_run(args.from_run)
+        fit = calibrate_run(args.from_run, host=args.host_preset)
     except CalibrationError as err:
         parser.error(str(err))
     out = sys.stderr if args.json else sys.stdout  # --json: stdout holds only the JSON object
@@ -245,8 +264,8 @@ def simulate_main(argv: Sequence[str] | None = None) -> int:
         except KeyError as err:
             parser.error(str(err.args[0]))
         return 0
-    if (args.write_scenario or args.fit_only) and not args.from_run:
-        parser.error("--write-scenario and --fit-only go with --from-run RUN_DIR")
+    if (args.write_scenario or args.fit_only or args.host_preset) and not args.from_run:
+        parser.error("--write-scenario, --fit-only and --host-preset go with --from-run RUN_DIR")
     if args.from_run:
         sc = _from_run(args, parser)
         if args.fit_only:
@@ -328,17 +347,18 @@ def _plan_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="R",
         help="with --from-run: a static pilot's assumed hybrid / standalone decode rate (default "
-        f"{HYBRID_SPEED_RATIO:g}, a 2-vCPU host's; 1.0 where a hybrid replica decodes as fast as a standalone one)",
+        f"--host-preset's, else {HYBRID_SPEED_RATIO:g}: a hybrid replica decodes as fast as a standalone one)",
     )
     p.add_argument(
         "--standalone-speed-with-hybrid",
         type=float,
         metavar="F",
         help="with --from-run: the standalone replicas' speed beside a busy trainer device over beside an idle one, "
-        f"converting the pilot's rate for candidates of the other kind (default {STANDALONE_SPEED_WITH_HYBRID:g}, "
-        "a 2-vCPU host's; 1.0 where the rollout devices share nothing with the trainer's; static candidates take a "
-        "given F as their speed_while_training too)",
+        f"converting the pilot's rate for candidates of the other kind (default --host-preset's, else "
+        f"{STANDALONE_SPEED_WITH_HYBRID:g}: the rollout devices share nothing with the trainer's; static candidates "
+        "take a given F as their speed_while_training too)",
     )
+    _add_host_preset(p)
     return p
 
 
@@ -351,8 +371,12 @@ def _plan_scenario(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     out = sys.stderr if args.json else sys.stdout
     source: Scenario | Calibration
     try:
-        if (args.hybrid_speed_ratio, args.standalone_speed_with_hybrid) != (None, None) and not args.from_run:
-            parser.error("--hybrid-speed-ratio and --standalone-speed-with-hybrid convert a pilot run: use --from-run")
+        given = (args.hybrid_speed_ratio, args.standalone_speed_with_hybrid, args.host_preset)
+        if given != (None, None, None) and not args.from_run:
+            parser.error(
+                "--hybrid-speed-ratio, --standalone-speed-with-hybrid and --host-preset convert a pilot run: use "
+                "--from-run"
+            )
         for flag, value in (
             ("--hybrid-speed-ratio", args.hybrid_speed_ratio),
             ("--standalone-speed-with-hybrid", args.standalone_speed_with_hybrid),
@@ -360,7 +384,7 @@ def _plan_scenario(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
             if value is not None and not (value > 0 and math.isfinite(value)):
                 parser.error(f"{flag} must be a finite number > 0, got {value}")
         if args.from_run:
-            source = calibrate_run(args.from_run, hybrid_speed_ratio=args.hybrid_speed_ratio)
+            source = calibrate_run(args.from_run, hybrid_speed_ratio=args.hybrid_speed_ratio, host=args.host_preset)
             source = dataclasses.replace(source, standalone_factor=args.standalone_speed_with_hybrid)
             print(
                 f"workload fitted to {args.from_run} (`lhr simulate --from-run {args.from_run} --fit-only` prints "
@@ -391,14 +415,16 @@ def _conversion_line(fit: Calibration, ratio_given: bool = False) -> str:
         + (
             "given; static candidates' speed_while_training too"
             if fit.standalone_factor is not None
-            else "default: a 2-vCPU host's, where a busy trainer core slows the standalone replica"
+            else f"host preset {fit.host.name}"
+            if fit.host is not None
+            else "default: no slowdown assumed"
         )
         + ")"
     ]
     if fit.hybrid_speed_ratio is not None:  # a pilot whose hybrid replicas never served: their rate is assumed
         parts.append(
             f"hybrid_speed_ratio {fit.hybrid_speed_ratio:g} ("
-            + ("given" if ratio_given else "default: the same host's")
+            + ("given" if ratio_given else f"host preset {fit.host.name}" if fit.host is not None else "default")
             + ")"
         )
     elif ratio_given:
@@ -406,8 +432,9 @@ def _conversion_line(fit: Calibration, ratio_given: bool = False) -> str:
     return (
         "candidates of the other kind than the pilot convert its standalone rate by "
         + " and ".join(parts)
-        + "; for your machine pass --standalone-speed-with-hybrid F --hybrid-speed-ratio R (1.0 each where the "
-        "replicas have devices of their own; docs/choosing_a_split.md, 'Scaling rules')"
+        + "; for your machine pass --standalone-speed-with-hybrid F --hybrid-speed-ratio R, or --host-preset NAME "
+        f"({', '.join(sorted(HOST_PRESETS))}; 1.0 each where the replicas have devices of their own; "
+        "docs/choosing_a_split.md, 'Scaling rules')"
     )
 
 

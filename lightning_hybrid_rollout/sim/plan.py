@@ -385,8 +385,9 @@ def candidate_scenario(source: Scenario | Calibration, spec: RunSpec) -> Scenari
     converts the standalone replicas' rate between a pilot whose hybrid replicas served and a candidate where they
     never do, or the other way round (:meth:`Calibration.scenario_for`, the conversion ``benchmarks/
     planner_fidelity.py`` measures against real runs): by the calibration's ``standalone_factor`` (``lhr plan
-    --standalone-speed-with-hybrid``), else the machine's ``STANDALONE_SPEED_WITH_HYBRID``, the standalone replicas'
-    speed beside a busy trainer device, which a candidate whose hybrid replicas serve keeps busy nearly throughout.
+    --standalone-speed-with-hybrid``), else its host preset's (``--host-preset``), else
+    ``STANDALONE_SPEED_WITH_HYBRID`` (1.0): the standalone replicas' speed beside a busy trainer device, which a
+    candidate whose hybrid replicas serve keeps busy nearly throughout.
 
     Raises:
         CalibrationError: A candidate the calibration's conversion refuses.

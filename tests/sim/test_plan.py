@@ -185,21 +185,24 @@ def test_plan_from_a_recorded_run(capsys):
 
 def test_a_plan_from_a_static_pilot_slows_the_standalone_replicas_of_its_serving_candidates_by_the_machine_figure():
     """``lhr plan --from-run`` plans from the pilot's Calibration: a serving candidate runs the standalone replicas at
-    ``STANDALONE_SPEED_WITH_HYBRID`` of the pilot's rate in every phase (``Calibration.scenario_for``, what
-    planner_fidelity checks against real runs), not the pilot's own ``speed_while_training`` (one run's figure does
-    not carry over to the next) and not only while the trainer trains; a candidate like the pilot runs as fitted."""
-    from lightning_hybrid_rollout.sim.calibrate import STANDALONE_SPEED_WITH_HYBRID, calibrate_run
+    the host's ``standalone_speed_with_hybrid`` of the pilot's rate in every phase (``Calibration.scenario_for``,
+    what planner_fidelity checks against real runs), not the pilot's own ``speed_while_training`` (one run's figure
+    does not carry over to the next) and not only while the trainer trains; a candidate like the pilot runs as
+    fitted."""
+    from lightning_hybrid_rollout.sim.calibrate import calibrate_run
+    from lightning_hybrid_rollout.sim.calibration import CPU_2CORE
     from lightning_hybrid_rollout.sim.runner import run_once
 
-    fit = calibrate_run(PROBED_DIR)
+    f_host = CPU_2CORE.standalone_speed_with_hybrid  # the pilot's host's figure
+    fit = calibrate_run(PROBED_DIR, host=CPU_2CORE)
     own = fit.scenario.replica.speed_while_training
-    assert own < 0.95 and own != pytest.approx(STANDALONE_SPEED_WITH_HYBRID, abs=1e-3)  # the pilot measured its own
+    assert own < 0.95 and own != pytest.approx(f_host, abs=1e-3)  # the pilot measured its own
     fit = with_base_scenario(fit, Scenario.from_dict({**fit.scenario.to_dict(), "steps": 4}))
     result = plan(fit, 2, policies=["rate_matched"], option_sets=["seed"])
     dynamic = result.row("dynamic_1_1_rate_matched").spec()
     converted = candidate_scenario(fit, dynamic)
     rate = fit.scenario.replica.tokens_per_s
-    assert converted.replica.tokens_per_s == pytest.approx(rate * STANDALONE_SPEED_WITH_HYBRID)
+    assert converted.replica.tokens_per_s == pytest.approx(rate * f_host)
     assert converted.replica.speed_while_training == 1.0  # slowed throughout, not a second time while training
     assert result.row("dynamic_1_1_rate_matched").time_s == pytest.approx(run_once(converted, converted.runs[0]).time_s)
     unconverted = fit.scenario.with_runs([dynamic])
@@ -208,38 +211,53 @@ def test_a_plan_from_a_static_pilot_slows_the_standalone_replicas_of_its_serving
     assert candidate_scenario(fit, static).replica == fit.scenario.replica  # like the pilot: as fitted
     as_fitted = fit.scenario.with_runs([static])
     assert result.row("static_1_1").time_s == pytest.approx(run_once(as_fitted, as_fitted.runs[0]).time_s)
-    # another machine's figure (--standalone-speed-with-hybrid): 1.0, the pilot's rate kept
+    # another machine's figure (--standalone-speed-with-hybrid): 1.0, the pilot's rate kept; so without a host preset
     other = dataclasses.replace(fit, standalone_factor=1.0)
     assert candidate_scenario(other, dynamic).replica.tokens_per_s == pytest.approx(rate)
+    assert candidate_scenario(dataclasses.replace(fit, host=None), dynamic).replica.tokens_per_s == pytest.approx(rate)
 
 
 def test_plan_takes_the_machines_figures_for_a_pilot_from_the_command_line(capsys):
-    """``--standalone-speed-with-hybrid`` and ``--hybrid-speed-ratio`` reach the serving candidates of a static
-    pilot's plan: a cluster whose rollout devices share nothing with the trainer's (1.0, 1.0) plans them faster. The
-    plan says which figures it converted by, defaults or given."""
-    from lightning_hybrid_rollout.sim.calibrate import HYBRID_SPEED_RATIO, STANDALONE_SPEED_WITH_HYBRID
-
+    """``--host-preset cpu_2core`` (the pilot's host), then ``--standalone-speed-with-hybrid`` and
+    ``--hybrid-speed-ratio`` over it, reach the serving candidates of a static pilot's plan: a cluster whose rollout
+    devices share nothing with the trainer's (1.0, 1.0) plans them faster, as does no preset (1.0 each, not given).
+    The plan says which figures it converted by: the preset's, given, or the defaults."""
     base = ["--from-run", str(PROBED_DIR), "--devices", "2", "--json", "--policies", "rate_matched"]
     base += ["--options", "seed", "--steps", "4"]
+    preset = ["--host-preset", "cpu_2core"]
     times = []
     for extra in (
+        preset,
+        [*preset, "--standalone-speed-with-hybrid", "1.0"],
+        [*preset, "--standalone-speed-with-hybrid", "1.0", "--hybrid-speed-ratio", "1.0"],
         [],
-        ["--standalone-speed-with-hybrid", "1.0"],
-        ["--standalone-speed-with-hybrid", "1.0", "--hybrid-speed-ratio", "1.0"],
     ):
         assert plan_main(base + extra) == 0
         captured = capsys.readouterr()
         rows = {r["name"]: r for r in json.loads(captured.out)["rows"]}
         times.append((rows["dynamic_1_1_rate_matched"]["time_s"], rows["static_1_1"]["time_s"]))
         conversion = next(line for line in captured.err.splitlines() if line.startswith("candidates of the other"))
-        f = "1" if extra else f"{STANDALONE_SPEED_WITH_HYBRID:g}"
-        assert f"standalone_speed_with_hybrid {f} ({'given' if extra else 'default'}" in conversion
-        r = "1 (given)" if "--hybrid-speed-ratio" in extra else f"{HYBRID_SPEED_RATIO:g} (default"
-        assert f"hybrid_speed_ratio {r}" in conversion and "--standalone-speed-with-hybrid F" in conversion
+        f = {0: "0.91 (host preset cpu_2core", 3: "1 (default: no slowdown assumed"}.get(len(times) - 1, "1 (given")
+        assert f"standalone_speed_with_hybrid {f}" in conversion, conversion
+        r = (
+            "1 (given)"
+            if "--hybrid-speed-ratio" in extra
+            else "0.71 (host preset cpu_2core)"
+            if extra
+            else "1 (default)"
+        )
+        assert f"hybrid_speed_ratio {r}" in conversion and "--host-preset NAME (cpu_2core;" in conversion
     assert times[0][0] > times[1][0] > times[2][0]  # each figure at 1.0 speeds the serving candidate up
-    # the static candidate: as the pilot measured itself by default; with F given, its replica slowed by F while the
+    # the static candidate: as the pilot measured itself unless F is given, then its replica slowed by F while the
     # trainer trains (1.0: not at all, faster than the pilot's 0.918); rho does not touch it
     assert times[0][1] > times[1][1] == times[2][1]
+    assert times[3] == (times[2][0], times[0][1])  # no preset: 1.0 each for the serving candidate, none given
+
+
+def test_a_host_preset_converts_a_pilot_run_only(capsys):
+    with pytest.raises(SystemExit):
+        plan_main(["--preset", "seed", "--devices", "4", "--host-preset", "cpu_2core"])
+    assert "--host-preset convert a pilot run: use --from-run" in capsys.readouterr().err
 
 
 def test_a_pilot_whose_hybrid_replicas_served_says_it_ignores_a_given_hybrid_speed_ratio(capsys):
