@@ -22,7 +22,7 @@ only kills the actors it started.
 
 ``shutdown()`` stops every replica it launched (engine first, then the actor), shuts Ray down, and waits until no
 process of this runtime remains: Ray's own processes, every process carrying the run id, and every replica's actor
-and engine-core pid it recorded. Stragglers after the wait are killed (only those).
+and engine-core process it recorded (pid and start time). Stragglers after the wait are killed (only those).
 """
 
 from __future__ import annotations
@@ -82,7 +82,9 @@ class RayRuntime:
         self.started_local = False
         self.session_dir: str | None = None
         self.replicas: list[ReplicaHandle] = []
-        self._pids: set[int] = set()
+        #: pid -> start time of each replica's actor and engine process on this node, read when the replica was up
+        #: (a pid alone may name another process by the shutdown: the replica was replaced and the pid reused).
+        self._pids: dict[int, float] = {}
         self._tree: dict[int, float] = {}  # pid -> start time of the run's processes seen before Ray's shutdown
         self.init_seconds = 0.0
 
@@ -219,8 +221,14 @@ class RayRuntime:
     def _remember_pids(self, health: dict[str, Any]) -> None:
         for key in ("frontend_pid", "engine_pid"):
             pid = health.get(key)
-            if isinstance(pid, int) and health.get("node_id") in (None, "", self._local_node_id()):
-                self._pids.add(pid)
+            if (
+                isinstance(pid, int)
+                and pid not in self._pids
+                and health.get("node_id") in (None, "", self._local_node_id())
+            ):
+                started = run_guard.process_start_time(pid)
+                if started is not None:
+                    self._pids[pid] = started
 
     def _local_node_id(self) -> str:
         try:
@@ -231,7 +239,8 @@ class RayRuntime:
             return ""
 
     def leftover_processes(self) -> list[Any]:
-        """Live processes of this runtime: Ray's (command line names the session/temp dir) + recorded replica pids."""
+        """Live processes of this runtime: Ray's (command line names the session/temp dir) + recorded replica processes
+        (by pid *and* start time: a pid of a replica that exited may name another run's process since)."""
         import psutil
 
         me = os.getpid()
@@ -243,10 +252,12 @@ class RayRuntime:
             markers = tuple(m for m in (self.session_dir, self.temp_dir, str(self.files.root)) if m)
             out = run_guard.run_processes(self.files.run_id, markers=markers, exclude=watchdog, recorded=self._tree)
         seen = {p.pid for p in out}
-        for pid in self._pids - seen - {me}:
+        for pid, started in self._pids.items():
+            if pid in seen or pid == me:
+                continue
             try:
                 p = psutil.Process(pid)
-                if p.status() != psutil.STATUS_ZOMBIE:
+                if run_guard.same_process(p.create_time(), started) and p.status() != psutil.STATUS_ZOMBIE:
                     out.append(p)
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue

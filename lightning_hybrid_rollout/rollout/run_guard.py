@@ -94,7 +94,8 @@ def write_private_file(path: Path, data: str | bytes) -> None:
         f.write(data.encode() if isinstance(data, str) else data)
 
 
-def _process_start_time(pid: int) -> float | None:
+def process_start_time(pid: int) -> float | None:
+    """The start time of process ``pid`` (``psutil``'s ``create_time``), None when there is none."""
     import psutil
 
     try:
@@ -103,13 +104,18 @@ def _process_start_time(pid: int) -> float | None:
         return None
 
 
+def same_process(start_time: float, recorded: float) -> bool:
+    """Whether a process started at ``start_time`` is the one recorded with ``recorded`` (pids are reused)."""
+    return abs(start_time - recorded) < _START_TIME_SLACK_S
+
+
 def owner_alive(owner: dict[str, Any]) -> bool:
     """Whether the process recorded in an ``owner.json`` still runs (same pid *and* same start time)."""
     pid, started = owner.get("pid"), owner.get("create_time")
     if not isinstance(pid, int) or pid <= 0:
         return False
-    now = _process_start_time(pid)
-    return now is not None and (not isinstance(started, (int, float)) or abs(now - started) < _START_TIME_SLACK_S)
+    now = process_start_time(pid)
+    return now is not None and (not isinstance(started, (int, float)) or same_process(now, started))
 
 
 def _read_owner(directory: Path) -> dict[str, Any] | None:
@@ -152,7 +158,7 @@ class RunFiles:
         _private_dir(files.root)
         _private_dir(files.staging_dir)
         pid = owner_pid or os.getpid()
-        owner = {"run_id": run_id, "pid": pid, "create_time": _process_start_time(pid), "uid": _uid()}
+        owner = {"run_id": run_id, "pid": pid, "create_time": process_start_time(pid), "uid": _uid()}
         owner["staging_dir"] = str(files.staging_dir)
         write_private_file(files.root / OWNER_FILE, json.dumps(owner))
         write_private_file(files.staging_dir / OWNER_FILE, json.dumps(owner))
@@ -211,7 +217,7 @@ def run_processes(
             if p.pid in skip or p.info["status"] == psutil.STATUS_ZOMBIE or p.info["uids"].real != uid:
                 continue
             started = (recorded or {}).get(p.pid)
-            if started is not None and abs(p.info["create_time"] - started) < _START_TIME_SLACK_S:
+            if started is not None and same_process(p.info["create_time"], started):
                 found[p.pid] = p
                 continue
             if _marked(p, run_id, markers, open_files):
@@ -331,7 +337,7 @@ def default_staging_dir() -> Path:
     if _PROCESS_STAGING is None or not _PROCESS_STAGING.is_dir():
         path = shm_root() / _staging_name(f"p{os.getpid()}-{uuid.uuid4().hex[:6]}")
         _private_dir(path)
-        owner = {"pid": os.getpid(), "create_time": _process_start_time(os.getpid()), "uid": _uid()}
+        owner = {"pid": os.getpid(), "create_time": process_start_time(os.getpid()), "uid": _uid()}
         write_private_file(path / OWNER_FILE, json.dumps(owner))
         _PROCESS_STAGING = path
         import atexit
