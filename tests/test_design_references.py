@@ -18,7 +18,7 @@ DESIGN = REPO / "docs" / "design"
 SCANNED = ("lightning_hybrid_rollout", "docs", "benchmarks", "tests")
 SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".txt"}
 CITATION = re.compile(r"design/(scheduling|notes)\.md §(\d+(?:\.\d+)*)")
-STALE = re.compile(r"\b(?:seed|DESIGN) §")
+STALE = re.compile(r"\b(?i:seed|design) §")
 HEADING = re.compile(r"^#{1,6}\s+(?:§\s*)?(\d+(?:\.\d+)*)\.?\s", re.M)
 
 

@@ -52,19 +52,20 @@ __all__ = [
 # --------------------------------------------------------------------------------------------------------------
 
 TRAIN_RESOURCE_UTILIZATION = "dynamic_resource/train_resource_utilization"
-"""Seed §4.1: Σcompute / Σallocated over the sync cycle."""
+"""design/scheduling.md §4.1: Σcompute / Σallocated over the sync cycle."""
 ROLLOUT_RESOURCE_UTILIZATION = "dynamic_resource/rollout_resource_utilization"
-"""Seed §4.2: capacity-time weighted concurrency use over the rollouter's step window."""
+"""design/scheduling.md §4.2: capacity-time weighted concurrency use over the rollouter's step window."""
 RESOURCE_UTILIZATION = "dynamic_resource/resource_utilization"
-"""Seed §4.3: cluster-wide utilization combining hybrid and standalone devices."""
+"""design/scheduling.md §4.3: cluster-wide utilization combining hybrid and standalone devices."""
 TRAIN_COMPUTE_TIME_S = "dynamic_resource/train_compute_time_s"
-"""Seed §4.1 raw numerator: summed training-compute seconds of the cycle."""
+"""design/scheduling.md §4.1 raw numerator: summed training-compute seconds of the cycle."""
 TRAIN_ALLOCATED_TIME_S = "dynamic_resource/train_allocated_time_s"
-"""Seed §4.1 raw denominator: summed wall-clock seconds of the trainer's turn in the cycle."""
+"""design/scheduling.md §4.1 raw denominator: summed wall-clock seconds of the trainer's turn in the cycle."""
 MQ_SIZE = "dynamic_resource/mq_size"
-"""Seed §4.4: samples left in the MessageQueue right after a fit step (last value of the cycle)."""
+"""design/scheduling.md §4.4: samples left in the MessageQueue right after a fit step (last value of the cycle)."""
 STEP_GENERATED_SAMPLES = "fully_async/rollouter/step_generated_samples"
-"""Seed §4.5: samples fully generated during the current param version (reset at each ``reset_staleness``)."""
+"""design/scheduling.md §4.5: samples fully generated during the current param version (reset at each
+``reset_staleness``)."""
 
 ACTIVATE_DURATION_S = "dynamic_resource/activate_duration_s"
 """Ours: wall-clock seconds of the last hybrid activation (wake → sync → add → resume)."""
@@ -113,7 +114,8 @@ TRAIN_COMPUTE_TIMING_KEYS: tuple[str, ...] = (
     "update_critic",
     "update_actor",
 )
-"""Seed §4.1: the ``timing_raw`` keys whose sum is a micro-step's training compute (missing keys count as 0)."""
+"""design/scheduling.md §4.1: the ``timing_raw`` keys whose sum is a micro-step's training compute (missing keys count
+as 0)."""
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -239,7 +241,8 @@ def rollout_resource_utilization(history: Iterable[Sequence[float]]) -> float:
 def correct_seed_capacity(history: Sequence[Sequence[float]], cap: int) -> list[UtilizationPoint]:
     """Give the leading placeholder-capacity points (cap 0, recorded before the capacity was known) ``cap``.
 
-    Seed §4 caveat: the rollouter seeds its history at init with capacity 0, before ``max_concurrent_samples`` is
+    design/scheduling.md §4 caveat: the rollouter seeds its history at init with capacity 0, before
+    ``max_concurrent_samples`` is
     known. Call this once, when the real capacity first becomes available. Only the leading run of cap-0 points is
     corrected: a zero capacity *after* a known one (every replica asleep) is real and stays.
 

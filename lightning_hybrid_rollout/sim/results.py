@@ -66,7 +66,7 @@ class RunResult:
         work_bound_s: This run's own balance bound: (its trained samples' generation + training device-seconds)
             / devices.
         breakdown_s: Trainer-timeline buckets (:data:`BREAKDOWN_KEYS`), summing to ``time_s``.
-        resource_utilization: Seed §4.3 over the whole run (same formula, run totals).
+        resource_utilization: design/scheduling.md §4.3 over the whole run (same formula, run totals).
         steps: Per sync cycle: the ``dynamic_resource/*`` metrics plus ``sim/*`` extras.
         activations, deactivations: Completed hybrid switches.
         generated, consumed, queued, outstanding, admitted: Sample counts at the end.

@@ -229,8 +229,7 @@ class HybridStrategyMixin:
         Example::
 
             >>> strategy = HybridSingleDeviceStrategy()  # doctest: +SKIP
-            >>> for bucket in strategy.iter_full_weights(64 * 2**20):  # doctest: +SKIP
-            ...     engine.update_weights(bucket)
+            >>> names = [n for bucket in strategy.iter_full_weights(64 * 2**20) for n, _ in bucket]  # doctest: +SKIP
         """
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
