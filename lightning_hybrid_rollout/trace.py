@@ -1,49 +1,6 @@
-"""One event trace for both worlds: the runtime and the simulator write the same Chrome trace-event JSON.
-
-A run's ``trace.json`` opens in Perfetto (https://ui.perfetto.dev) or ``chrome://tracing`` and is what
-``lhr report RUN_DIR`` and ``lhr simulate --plot`` render their PNGs from
-(see :mod:`lightning_hybrid_rollout.analysis.plots`).
-
-The format is the standard JSON object form of the trace-event format::
-
-    {"otherData": {...run metadata...}, "traceEvents": [ {event}, {event}, ... ], "displayTimeUnit": "ms"}
-
-Times are seconds since the run's origin in this API and microseconds (``ts``/``dur``) in the file.
-
-Tracks are named ``"group/name"``: the group becomes a trace *process*, the name a *thread* in it (a track without a
-``/`` is its own group). The conventions both writers follow (constants below):
-
-* ``replica/<kind>_<i>`` (kind ``standalone`` or ``hybrid``): complete events ("X") named by the replica's state,
-  one of :data:`REPLICA_STATES`: ``active`` (routable, serving requests), ``parked`` (hybrid asleep: its devices
-  belong to the trainer), ``syncing`` (receiving weights; generation paused), ``switching`` (waking up / going to
-  sleep). :meth:`TraceWriter.describe_track` records each replica's kind and devices (the runtime: its
-  concurrency cap too).
-* ``trainer/trainer``: complete events named by the trainer's phase, one of :data:`TRAINER_PHASES`:
-  ``waiting`` (for samples; ``args.hybrid`` says whether hybrid replicas were generating meanwhile),
-  ``training``, ``weight_sync`` (``args.target``: ``standalone`` or ``hybrid``), ``switching`` (hybrid
-  activation/deactivation, ``args.op``).
-* counters ("C"): :data:`QUEUE_DEPTH` (samples in the message queue) and :data:`IN_FLIGHT` (samples being generated;
-  ``in_flight.<replica>``, below, is one replica's requests instead).
-  The runtime also writes, at each sync cycle's end, running totals since training began: :data:`TRAINED_SAMPLES`
-  and :data:`TRAINED_TOKENS` (the batches the trainer took, response tokens; the runtime adds
-  :data:`TRAINED_TOKENS_SQ`, the squared response lengths summed, and :data:`TRAINED_PROMPT_TOKENS`, their prompt
-  tokens, which ``lhr simulate --from-run`` fits the lengths' spread and the prompt length to) and, per replica role,
-  ``decoded_tokens.<role>`` / ``serving_s.<role>`` (:data:`DECODED_TOKENS`, :data:`SERVING_S`; ``role`` is
-  ``standalone`` or ``hybrid``: the tokens the role's replicas decoded and the seconds it was serving, from the
-  rollouter's role windows). A real run's balance bound is computed from them
-  (:mod:`lightning_hybrid_rollout.analysis.run_bound`).
-* counter :data:`GENERATED_TOKENS` ``.<replica>`` (``replica``: the track's name, ``generated_tokens.standalone_0``):
-  the tokens a standalone replica has generated so far (finished and in flight), read from the replica at each
-  boundary of the trainer's ``training`` spans; ``lhr simulate --from-run`` fits from it how fast the standalone
-  replicas decode while the trainer trains (``replica.speed_while_training``); beside it ``in_flight.<replica>``, the
-  replica's requests in flight at that moment.
-* per-step metrics: one instant event ("i") :data:`STEP_METRICS` on the trainer track per sync cycle, with
-  ``args = {"step": n, "<metric name>": value, ...}`` (the ``dynamic_resource/*`` names of
-  :mod:`lightning_hybrid_rollout.metrics`), plus one counter per metric so Perfetto draws them as tracks.
-
-Writing streams events to disk as they come (a crashed run leaves a file :func:`load_trace` still reads: a missing
-tail is repaired); :meth:`TraceWriter.close` makes it valid JSON. One writer is thread-safe; two processes write two
-files and :func:`merge_traces` joins them.
+"""One event trace for both worlds: the runtime and the simulator write the same Chrome trace-event JSON (replica and
+trainer spans, counters, per-step metrics; the tracks are listed in docs/metrics.md, "The trace file"), which ``lhr
+report`` and ``lhr simulate --plot`` render (:mod:`lightning_hybrid_rollout.analysis.plots`).
 
 Example::
 

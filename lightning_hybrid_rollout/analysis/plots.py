@@ -1,18 +1,6 @@
-"""PNG renderers shared by ``lhr simulate --plot`` and ``lhr report``: both read the same trace (see
-:mod:`lightning_hybrid_rollout.trace`), so a simulated run and a real one draw the same pictures.
-
-* :func:`plot_timeline` — the seed's resource-time layout (design/scheduling.md §1 figure): one row per replica, as
-tall as its
-  devices, standalone replicas on top, hybrid replicas (the trainer's devices) below; blue = rollout, yellow =
-  training, green = weight sync, grey = switching, light grey = the trainer waiting for samples. Runs without hybrid
-  replicas get one trainer row.
-* :func:`plot_mq_size` — ``dynamic_resource/mq_size`` per step, one line per run (design/scheduling.md §5 "MessageQueue
-size").
-* :func:`plot_utilization` — the three design/scheduling.md §4 utilizations per step, one panel each, one line per run.
-* :func:`plot_breakdown` — where each run's time went (the simulator's breakdown), stacked bars.
-* :func:`render_traces` — all of the above for a set of traces.
-
-Matplotlib is imported lazily with the ``Agg`` backend (no display needed).
+"""PNG renderers shared by ``lhr simulate --plot`` and ``lhr report`` (timelines, ``mq_size``, utilizations, time
+breakdown): both read the same trace (:mod:`lightning_hybrid_rollout.trace`), so a simulated run and a real one draw
+the same pictures.
 
 Example::
 

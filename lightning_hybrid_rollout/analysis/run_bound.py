@@ -1,32 +1,6 @@
-"""A real run's balance bound, efficiency and time breakdown, from its own trace (``lhr report``, the CPU miniature).
-
-The bound is the simulator's, by the same function (:func:`lightning_hybrid_rollout.sim.bound.bound_from_terms`,
-docs/simulator.md "The balance bound and efficiency"): on its ``T`` trainer and ``S`` rollout devices no schedule
-finishes the run's work faster than
-
-    ``bound = max(W/T, (G + ρ·W) / (S + ρ·T))``
-
-with perfect balance and free switching. A real run measures the terms itself (its ``trace.json``, written by the
-runtime; :mod:`lightning_hybrid_rollout.trace`):
-
-* ``T``, ``S``: the devices the trace's tracks describe: ``trainer/trainer``'s, and the standalone replicas'
-  (``replica/standalone_*``) summed; on CPU these are cores.
-* ``W``: the trainer's ``training`` spans (wall seconds of training compute) × ``T``.
-* ``G``: the response tokens of the samples trained (``trained_tokens``) in standalone device-seconds: divided by the
-  standalone replicas' decode rate per device while they served (``decoded_tokens.standalone`` /
-  ``serving_s.standalone`` / ``S``). The simulator divides by the best rate its model allows; a real run's rate is
-  the mean over the time it served, so a replica that ran under-filled counts slower than its peak.
-* ``ρ``: the hybrid replicas' decode rate per device while they served, over the standalone one; 1.0 (assumed: the
-  same engine on the same kind of device) when the hybrid replicas never served, e.g. in a static run.
-
-``efficiency = bound / wall``, with ``wall`` the trainer's traced time, from its first span to its last (the
-simulator's ``time_s``: start decision to the last weight sync). Where that time went is read from the trainer
-track's spans into the simulator's buckets (:data:`BREAKDOWN_KEYS`): ``waiting`` before the first ``training`` is
-``startup_fill``, later ``waiting`` is ``waiting_hybrid_generating`` or ``waiting_idle`` by its ``args.hybrid``
-(a real trace does not tell an idle wait blocked by the staleness budget apart: no ``waiting_staleness_bound``),
-``weight_sync`` by its ``args.target``, ``switching`` is ``hybrid_switching`` (on a real run the hybrid weight sync is
-part of the activation's ``switching`` span) and ``untraced`` is the rest of the wall time (Lightning's loop,
-logging, the cycle's bookkeeping).
+"""A real run's balance bound, efficiency and time breakdown, from its own trace (``lhr report``, the CPU miniature), by
+the simulator's own bound function; what each term is read from is in docs/simulator.md, "The balance bound and
+efficiency".
 
 Example::
 

@@ -1,8 +1,6 @@
-"""The per-cycle core: one sync cycle's measurements -> the policy's context and the cycle's ``dynamic_resource/*``.
-
-The runtime callback (wall clock) and the simulator (virtual clock) record the same measurements into one
-:class:`CycleLedger`, which alone builds the context and the metrics, so the simulator's decisions and metrics mean
-what the runtime's do (docs/metrics.md). Pure: no clock, no I/O; time comes in as numbers.
+"""The per-cycle core: the runtime callback and the simulator record one sync cycle's measurements into one
+:class:`CycleLedger`, which alone builds the policy's context and the cycle's ``dynamic_resource/*``
+(docs/metrics.md). Pure: no clock, no I/O.
 
 Example::
 

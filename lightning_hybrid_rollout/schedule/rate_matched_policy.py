@@ -1,10 +1,5 @@
-"""The ``"rate_matched"`` policy: deactivate threshold and activation gate from what the last cycles measured.
-
-Where ``default`` nudges its ratio after the fact, this policy measures each cycle how many samples the trainer
-really needed (:func:`hindsight_need`, forecast by a Holt smoother that follows rises fast and falls slowly) and what
-a switch really costs, and activates only when hybrid help beats waiting idle. It reads a
-:class:`RateScheduleContext`; on a plain context it takes the ``default`` policy's decisions. The rules (need, gate,
-economic-order top-up, staleness budget, cold start) are in docs/policies.md.
+"""The ``"rate_matched"`` policy: deactivate threshold and activation gate from what the last cycles measured (the
+samples the trainer really needed, what a switch really costs); its rules are in docs/policies.md.
 
 Example::
 

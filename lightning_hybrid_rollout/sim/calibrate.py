@@ -1,11 +1,6 @@
-"""A scenario fitted to a real run: the simulator's parameters measured from the run's trace, metrics and config.
-
-``lhr simulate --from-run RUN_DIR``: :func:`calibrate` returns a :class:`Calibration`, a one-run
-:class:`~lightning_hybrid_rollout.sim.scenario.Scenario` with one :class:`FittedParameter` per number (value,
-spread over the sync cycles, observations, source; unmeasured ones keep their default and say so), and
-:meth:`Calibration.scenario_for` swaps the run for another of the same workload, a prediction. What is read from
-where is in docs/simulator.md, "Calibrating from a real run"; this module fits the split and the trainer and puts the
-scenario together from the ``*_fit`` modules.
+"""A scenario fitted to a real run (``lhr simulate --from-run RUN_DIR``): :func:`calibrate` returns a
+:class:`Calibration` of :class:`FittedParameter` values with their spread and source; what is read from where is in
+docs/simulator.md, "Calibrating from a real run".
 
 Example::
 

@@ -1,24 +1,5 @@
-"""``lhr simulate`` and ``lhr plan``: the simulator and the planner on the command line.
-
-``lhr simulate [SCENARIO.yaml | --preset NAME] [--json | --markdown] [--gap] [--plot DIR] [--runs a,b] [--steps N]
-[--seed N]`` simulates every run of a scenario; ``--json`` prints exactly one JSON object::
-
-    {"scenario": str, "balance_bound_s": float,
-     "runs": [{"name", "policy", "train_devices", "rollout_devices", "hybrid", "time_s", "efficiency",
-               "resource_utilization", "breakdown_s": {bucket: seconds}, "version_lag_mean", "version_lag_max"}]}
-
-without it a table (``--markdown``: the same tables in Markdown, as in docs/simulator.md); ``--gap`` adds where
-each run's time beyond the balance bound went (:data:`~lightning_hybrid_rollout.sim.runner.GAP_KEYS`, wall seconds);
-``--plot DIR`` writes each run's trace (``trace_<run>.json``) and the PNGs of
-:mod:`lightning_hybrid_rollout.analysis.plots` (timelines, ``mq_size.png``, ``utilization.png``, ``breakdown.png``).
-``--list-presets`` lists the presets, ``--dump-preset NAME`` prints one as YAML (a starting point for your own).
-``--from-run RUN_DIR [--write-scenario FILE] [--fit-only]`` fits a scenario to a real run
-(:mod:`lightning_hybrid_rollout.sim.calibrate`), prints the fitted parameters with their spread and source (to stderr
-with ``--json``), writes the scenario YAML, then simulates it (not with ``--fit-only``).
-
-``lhr plan (--from-run RUN_DIR | --scenario FILE | --preset NAME) --devices N`` simulates every split of N devices
-with and without hybrid replicas, every registered policy and the runtime-option sets of
-:mod:`lightning_hybrid_rollout.sim.plan`, and prints them ranked by predicted time (:func:`plan_main`).
+"""``lhr simulate`` and ``lhr plan``: the simulator and the planner on the command line (options and the ``--json``
+schema: docs/simulator.md and docs/choosing_a_split.md).
 
 Example::
 

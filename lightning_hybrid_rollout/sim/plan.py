@@ -1,38 +1,6 @@
-"""``lhr plan``: every way to run a scenario's workload on N devices, simulated and ranked by predicted time.
-
-What is enumerated (:func:`candidate_runs`), for ``N`` devices, a standalone replica of ``d = replica.devices`` and a
-hybrid replica of ``h = hybrid_replica.devices``:
-
-* **every split** ``T + S = N`` (trainer devices ``T >= 1``, standalone devices ``S``, a multiple of ``d``):
-  without hybrid replicas (``static_T_S``, ``S >= d``) and with them (``dynamic_T_S_<policy>``, ``T`` a multiple
-  of ``h``; ``S = 0`` only here: colocated, every device lent to rollout while the trainer waits);
-* **every registered policy** (:func:`~lightning_hybrid_rollout.schedule.available_policies`, entry points
-  included) for the runs with hybrid replicas: the scenario's own policy with its ``dynamic_schedule_deactivate_ratio``
-  and ``dynamic_schedule_policy_kwargs``, every other one as its authors start it
-  (:func:`~lightning_hybrid_rollout.schedule.policy_starting_ratio`: its constructor's ``deactivate_ratio`` default,
-  e.g. ``hysteresis_ratio``'s 0.4, verl's; no kwargs: another policy's signature differs);
-* **two sets of runtime options** (:data:`OPTION_SETS`) per split and policy, not their 2^5 combinations: ``seed``
-  (the seed's sequencing: no ``overlap_sync``, no ``early_first_sync``, no staging, ``abort`` at the standalone
-  sync, rebalance on; what a run without this package's runtime options gets) and ``all`` (``overlap_sync``,
-  ``early_first_sync``, ``staged_standalone_sync``, ``standalone_sync_mode: keep`` and rebalance off, run names ending
-  in ``_overlap_early_staged_keep``: the best set on every preset, ``dynamic_rate_matched_overlap_early_staged_keep``
-  in docs/simulator.md). A split without hybrid replicas takes only the options that act on it (staged + keep).
-  The first is what a runtime without the options gets, the second the best run of the ``seed``, ``rollout_bound``
-  and ``drifting`` presets; ``lhr simulate`` with a ``runs:`` list compares any other combination on the winning
-  split (all 2^5 per split and policy would be 32 times the simulations).
-
-A seed-size scenario takes about a second per run; 32 devices in replicas of 4 give 94 candidates (``jobs`` runs
-them in worker processes). Every candidate is a one-run scenario (:meth:`Scenario.with_runs`), so the simulator
-and its result are exactly ``lhr simulate``'s; the plan's balance bound is the least of the candidates' own bounds
-(the best split's), so ``efficiency = balance_bound_s / time_s`` says how far each plan is from what no split,
-policy or option could beat.
-
-Scaling rules (docs/choosing_a_split.md, "Plan from a pilot run"): a scenario fitted to a pilot run on a few devices
-(``calibrate_run``) keeps its rates per replica and per device, so planning on ``N`` devices changes only the split;
-planned from the :class:`~lightning_hybrid_rollout.sim.calibration.Calibration` itself, each candidate gets the
-pilot's standalone rate converted between a run whose hybrid replicas serve and one where they never do
-(:func:`candidate_scenario`);
-:func:`scale_sync` turns the standalone weight sync into bytes over bandwidth for another network.
+"""``lhr plan``: every way to run a scenario's workload on N devices (every split, with and without hybrid replicas,
+every registered policy, the runtime-option sets of :data:`OPTION_SETS`), simulated and ranked by predicted time
+(docs/choosing_a_split.md, "Plan from a pilot run").
 
 Example::
 

@@ -1,10 +1,5 @@
-"""Scenario description for the simulator: the workload, the hardware model, the switch costs and the runs.
-
-A scenario is plain data (a YAML file or a preset) holding everything a run's time depends on, so two runs of one
-scenario differ only in their :class:`RunSpec` (the device split, hybrid replicas or not, and the run's changes to
-the scenario's ``async_training``, which is the runtime's own
-:class:`~lightning_hybrid_rollout.config.AsyncTrainingConfig`). Units: seconds, tokens, devices; a *sample* is what
-the message queue counts (docs/simulator.md, "Scenario files").
+"""Scenario description for the simulator: plain data (a YAML file or a preset) with the workload, the hardware model,
+the switch costs and the runs, which differ only in their :class:`RunSpec` (docs/simulator.md, "Scenario files").
 
 Example::
 

@@ -1,8 +1,6 @@
-"""The rollout side of the simulator: replicas, load balancer, rollouter and message queue on a virtual clock.
-
-The world moves only when the trainer side asks (:meth:`RolloutWorld.advance_to`, :meth:`RolloutWorld.run_until`);
-its only internal events are sample completions under processor sharing. Admission, routing, partial rollout and the
-utilization history mirror the runtime's rollouter (design/notes.md §3; docs/simulator.md, "What is modelled").
+"""The rollout side of the simulator: replicas, load balancer, rollouter and message queue on a virtual clock that moves
+only when the trainer side asks, mirroring the runtime's rollouter (design/notes.md §3; docs/simulator.md, "What is
+modelled").
 
 Example::
 
