@@ -1,24 +1,6 @@
-"""HybridRolloutCallback: runs the rollout side with the fit and drives the scheduler at Lightning hook boundaries.
-
-Per sync cycle of ``trigger_parameter_sync_step`` optimizer steps (design/scheduling.md §1, "Policy Call Order")::
-
-    on_train_batch_start (first step of a cycle)
-        controller.before_step: should_deactivate -> deactivate_wait_samples -> wait -> remove -> abort -> sleep
-        strategy.onload_training_state (every rank)
-    training_step: the module pulls its batch from the queue (no prefetch: design/notes.md §5)
-    on_train_batch_end (last step of a cycle)
-        full-weight gather -> weight sync to standalone replicas (always)
-        controller.after_sync: should_activate_after_step -> [offload -> wake -> hybrid sync -> add -> resume]
-                               -> request_rebalance + rebalance (if enabled) -> update_after_step
-        dynamic_resource/* metrics for the cycle
-
-With ``async_training.overlap_sync`` the cycle end asks ``should_activate_after_step`` first (with the cycle's
-measurements); if it will activate: offload (every rank), then the standalone weight sync concurrently with
-wake -> hybrid sync; ``controller.after_sync`` then only adds and resumes (or, if the policy changed its mind,
-the replicas go back to sleep). With ``async_training.early_first_sync`` the first cycle ends after one step.
-
-Only global rank 0 owns Ray, the replicas, the rollouter and the controller; every rank takes part in the
-weight gather, the offload/onload and the batch broadcast, so ``devices > 1`` works.
+"""HybridRolloutCallback: runs the rollout side with the fit and drives the scheduler at Lightning hook boundaries, in
+the order of design/scheduling.md §1 (docs/callback.md); only global rank 0 owns Ray, the replicas and the
+controller, every rank takes part in the weight gather, offload and batch broadcast.
 """
 
 from __future__ import annotations

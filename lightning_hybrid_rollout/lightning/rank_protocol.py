@@ -1,10 +1,6 @@
-"""The trainer ranks' protocol at a sync boundary: who offloads, who stays, exactly one broadcast per boundary.
-
-Only rank 0 runs the controller, so the other ranks learn from one broadcast per boundary whether the hybrid engines
-are about to wake on their devices; a missed or extra message would deadlock the run. :class:`BoundaryProtocol` is
-the one place that decides what is sent: ``"offload"`` the first time a boundary needs the devices (every rank
-offloads, then all meet at a barrier before the engines wake), else ``"stay"`` when it closes; misuse raises
-:class:`RankProtocolError` on rank 0 instead of hanging (docs/callback.md).
+"""The trainer ranks' protocol at a sync boundary: rank 0 broadcasts exactly one ``"offload"`` or ``"stay"`` per
+boundary, so the other ranks know whether hybrid engines will wake on their devices; misuse raises
+:class:`RankProtocolError` on rank 0 instead of deadlocking (docs/callback.md).
 
 Example::
 

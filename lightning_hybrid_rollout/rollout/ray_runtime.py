@@ -1,28 +1,5 @@
-"""Ray for the rollout side: start (or join) a cluster, own the replica actors, and leave nothing behind.
-
-``RayRuntime()`` starts a private local Ray (``address="local"``: never silently joins another user's cluster on
-the same machine), without dashboard, with a small object store and quiet logs, and makes it safe on a shared
-machine:
-
-- **loopback only**: the node's address is 127.0.0.1, so the GCS, the raylet, the agents, every worker (the
-  replica actors) and this driver listen on loopback (Ray would otherwise replace 127.0.0.1 by the machine's own
-  address and bind its gRPC servers to every interface);
-- **token authentication on**: a fresh token per run, in a 0600 file in the run's private directory
-  (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN_PATH``, inherited by every Ray process; the token itself is in no
-  environment, command line or log), so even a loopback connection without it is refused;
-- **no leftovers**: the run's files and processes are tracked by :mod:`.run_guard` (a run id every process
-  inherits, a watchdog that cleans up if this process dies, even by ``kill -9``, and a sweep of dead runs at the
-  next start).
-
-``RayRuntime(address="ray://head:10001")`` (or ``"auto"``, or ``"127.0.0.1:6379"`` for a cluster whose nodes run on
-this machine's loopback) joins an existing cluster instead, so standalone replicas can live on other nodes (where
-each goes is in its spec: ``lightning/placement.py``); it follows that cluster's own authentication setting
-(``RAY_AUTH_MODE`` / ``RAY_AUTH_TOKEN_PATH`` in the environment, see ``docs/gpu_multinode.md``), and ``shutdown()``
-only kills the actors it started.
-
-``shutdown()`` stops every replica it launched (engine first, then the actor), shuts Ray down, and waits until no
-process of this runtime remains: Ray's own processes, every process carrying the run id, and every replica's actor
-and engine-core process it recorded (pid and start time). Stragglers after the wait are killed (only those).
+"""Ray for the rollout side: start a private, loopback-only, token-authenticated local Ray (or join an existing
+cluster), own the replica actors, and leave no process behind at shutdown (docs/security.md).
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
-"""A run's footprint on the machine: its private directories, its processes, and what removes them whatever happens.
-
-A local Ray run (``RayRuntime()`` without an address) owns:
-
-- a **run directory** ``$TMPDIR/lhr-<uid>/r-<run id>/`` (mode 0700): ``owner.json`` (the trainer's pid and start
-  time), the Ray token file ``auth_token`` (0600) and Ray's own session files under ``ray/``;
-- a **staging directory** ``/dev/shm/lhr-<uid>-<run id>/`` (0700) for the shared-memory weight files (each 0600);
-- every process started for it: Ray's daemons and agents, the replica actors and their vLLM engine processes. They
-  are recognised by the environment variable ``LHR_RUN_ID=<run id>`` they inherit from the trainer at ``ray.init``,
-  by a command line or an open file naming the run directory, or by descending from such a process. (Ray's
-  ``setproctitle`` overwrites both the command line and the environment of its agents and workers, e.g.
-  ``ray::DashboardAgent``, so the watchdog records the run's process tree, pid and start time, while it is whole.)
-
-Three things remove them:
-
-1. the normal shutdown (``RayRuntime.shutdown``);
-2. a **watchdog** process (``python -m lightning_hybrid_rollout.rollout.run_guard watch DIR``), started in its own
-   session (Ctrl-C in the terminal does not reach it) next to the trainer: when the trainer exits for any reason,
-   ``kill -9`` included, it kills every process of the run and removes both directories, within about a second;
-3. the **sweep** at the next start (:func:`sweep_dead_runs`): a run directory whose owner is gone (the watchdog was
-   killed too, or the machine rebooted) is cleaned the same way. The sweep only looks at directories of this user
-   with this project's names and an ``owner.json``; it never touches anything else.
+"""A run's footprint on the machine (its private directories and every process started for it) and what removes them
+whatever happens: the normal shutdown, a watchdog that outlives even a ``kill -9`` of the trainer, and a sweep of
+dead runs at the next start (docs/security.md).
 """
 
 from __future__ import annotations

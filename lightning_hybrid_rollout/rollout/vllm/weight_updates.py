@@ -1,34 +1,7 @@
-"""The engine driver's half of a weight update: the session, the engine's staging file, the verification.
-
-:class:`WeightUpdates` is a base class of :class:`~.driver.VLLMEngine`, which lives in the replica actor: these
-are the weight methods the actor forwards (the
-:class:`~lightning_hybrid_rollout.rollout.weights.receiver.WeightReceiver` protocol, plus ``weights_checksum``).
-Each calls the vLLM worker (:mod:`.worker_extension`) with ``collective_rpc("lhr_*")``.
-
-A weight update is a session: :meth:`~WeightUpdates.begin_weight_update` aborts in-flight requests and holds new
-ones back; :meth:`~WeightUpdates.load_weight_bucket` copies each safetensors bucket into the engine's staging file
-(:class:`~lightning_hybrid_rollout.rollout.weights.staging.SharedStaging`, ``/dev/shm``; its name is unlinked as
-soon as both processes mapped it, so nothing leaks if the actor is killed) and the worker feeds zero-copy views of
-it to the loader. A replica on the trainer's node instead maps the trainer's node staging file once
-(:meth:`~WeightUpdates.attach_node_staging`) and loads each bucket straight from it
-(:meth:`~WeightUpdates.load_weight_from_node_staging`: no copy on this side). A staged sync copies the buckets in
-while the engine serves (:meth:`~WeightUpdates.stage_weight_bucket`) and loads them in one session
-(:meth:`~WeightUpdates.load_weight_from_staging`). The other transports (``collective``, ``cuda_ipc``) reach the
-worker's receiver of that transport through :meth:`~WeightUpdates.receive_weights`.
-:meth:`~WeightUpdates.finish_weight_update` finalizes the reload and returns the worker's verification:
-
-- ``checksum``: :func:`~lightning_hybrid_rollout.rollout.weights.format.checksum_state` of the tensors the *worker*
-  received and fed to ``load_weights`` (HF names, so it is comparable with the trainer's);
-- coverage: every parameter of the vLLM model was written by this update (otherwise vLLM silently keeps the old
-  values for it: an error here);
-- read-back: every parameter vLLM keeps materialized is compared with the received tensors (fused ``qkv_proj`` /
-  ``gate_up_proj`` are re-derived from the HF pieces). On CPU vLLM repacks linear weights into oneDNN handles and
-  drops the tensors, so read-back covers embeddings and norms only; on GPU it covers every parameter.
-
-:meth:`~WeightUpdates.weights_checksum` re-reads the materialized parameters, compares them with the fingerprint
-recorded at the last verified load, and returns that load's checksum (or raises
-:class:`~lightning_hybrid_rollout.errors.WeightLoadError` if they drifted, e.g. after a GPU wake-up restored stale
-memory). A session nobody finishes within ``update_timeout_s`` is aborted (the driver died mid-sync).
+"""The engine driver's half of a weight update: the session that pauses the engine, the staging file the buckets are
+copied into, and the verification (checksum, coverage, read-back; docs/rollout.md, "Weight transports").
+:class:`WeightUpdates` is a base class of :class:`~.driver.VLLMEngine` and reaches the vLLM worker
+(:mod:`.worker_extension`) through ``collective_rpc("lhr_*")``.
 """
 
 from __future__ import annotations

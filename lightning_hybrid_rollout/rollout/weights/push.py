@@ -1,29 +1,6 @@
-"""Trainer → rollout-engine weight push (CPU paths): plan the buckets, stream them, or stage them and commit.
-
-How weights travel (CPU / any multi-node Ray cluster):
-
-1. **Plan** (:class:`BucketPlan`): the trainer's ``(name, tensor)`` pairs are cut into layer-aligned buckets of about
-   ``bucket_bytes`` (a decoder layer is never split across buckets, so an engine can process each bucket's layers as
-   soon as it arrives), each a :class:`~.format.WeightBucket` (a safetensors header plus the tensors' raw bytes as
-   zero-copy numpy views), laid out one after the other.
-2. **Paths**: replicas on the trainer's node (every hybrid replica; standalone ones placed there) map one node-local
-   shared-memory file the trainer writes each bucket into **once** (:class:`~.staging.SharedStaging`, reused across
-   pushes; ``attach_node_staging``, asked once per replica and file) and load zero-copy views straight from it
-   (``load_weight_from_node_staging``).
-   Replicas on other nodes: each bucket is ``ray.put`` once; the replica actor copies it into its engine's own
-   staging file and the engine loads views from that (``load_weight_bucket``).
-3. **Stream** (default): while the trainer writes bucket k+1 the replicas already load bucket k (each replica:
-   ``begin_weight_update`` → one load per bucket, or per run of buckets already written → ``finish_weight_update``).
-   **Staged** (``staged=True``): every bucket first reaches the replica side while the replicas keep serving
-   (``stage_weight_bucket`` on the Ray path), then each replica pauses once to load them all (the commit).
-4. **Verification**: each engine hashes the tensors it received and fed to its loader (same
-   :func:`~.format.checksum_state` as the trainer) and checks coverage and read-back; the push compares every
-   replica's checksum with the trainer's (:func:`~.report.check_replies`; the trainer hashes its tensors as it
-   writes them into the node staging file, else in a thread while the replicas load) and raises
-   :class:`~lightning_hybrid_rollout.errors.WeightSyncError` naming the replica on any mismatch.
-
-The replicas are :class:`~.receiver.WeightReceiver`\\ s. Tests reach inside a push only through :data:`seam`.
-The other transports (``collective``, ``cuda_ipc``) are their own modules (:mod:`.factory`).
+"""Trainer → rollout-engine weight push on the CPU paths: cut the weights into layer-aligned buckets, write them once
+into node-local shared memory or ``ray.put`` them for other nodes, stream them (or stage them and commit), and
+compare every replica's checksum with the trainer's (docs/rollout.md, "Weight transports").
 """
 
 from __future__ import annotations
