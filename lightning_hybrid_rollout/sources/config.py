@@ -1,20 +1,5 @@
-"""The ``dataset`` section: where the prompts come from and how they are drawn and rendered.
-
-:class:`DatasetConfig` names a local data file (or several, or a ``save_to_disk`` directory) and the rules that
-turn its rows into prompts. Every field has an attribute docstring (``lightning_hybrid_rollout.config.field_docs``
-reads them back for ``--help``). It checks its own values in ``__post_init__``: each bad value gives one line naming
-the key, the value seen and the fix, all collected into one :class:`ConfigError`. Files are checked when the
-source is built (:class:`~.dataset.DatasetSource`), where a missing or malformed file raises ``DatasetError``.
-
-Rendering rules (applied by :class:`~.render.PromptRenderer`):
-
-* ``chat_template: null`` (default): message-list prompts go through the tokenizer's chat template; plain strings
-  are tokenized as they are (the tokenizer adds its BOS, as for the toy tasks).
-* ``chat_template: true``: plain strings become one user message and go through the template too.
-* ``chat_template: false``: no template; a message-list prompt is then an error.
-* ``system_prompt`` is prepended as a system message to every prompt that goes through the template, unless the
-  row's messages already start with a system message (the row's own wins). It cannot apply to untemplated plain
-  text: with ``chat_template: false`` it is refused here, with ``null`` it is ignored for plain rows (with a warning).
+"""The ``dataset`` section (:class:`DatasetConfig`): where the prompts come from and how they are drawn and rendered
+(docs/workloads.md); bad values are collected into one :class:`ConfigError`, one line each.
 
 Example::
 

@@ -1,19 +1,6 @@
-"""Prompts from a local data file: :class:`DatasetSource`, a shuffled, epoch-counted, checkpointable row stream.
-
-Loading goes through Hugging Face ``datasets``, local only: ``load_dataset("json" | "parquet" | "csv",
-data_files=<absolute paths>)`` or ``load_from_disk``; a hub is never asked. Its Arrow cache is written to a private
-temporary directory that is deleted once the rows are in memory (``keep_in_memory=True``), so nothing is left in the
-user's data directory or in ``~/.cache/huggingface``.
-
-Everything is checked before the first record is drawn, each problem one :class:`DatasetError` line naming the file
-(and row, counted from 0) and the fix: a missing path, an unknown format, an empty file, a missing prompt column,
-and every row's prompt (a string, or a list of ``{"role", "content"}`` messages with string values and a known role).
-
-Order: the training rows (those not held out by ``val_split``) are visited in a permutation drawn from
-``numpy.random.default_rng([seed, 0, epoch])`` each epoch (file order with ``shuffle: false``). The state is
-``{"epoch", "position", "num_rows", "fingerprint"}``: the next record's epoch and position in that epoch's order,
-the training row count, and a hash of the prompts. On resume a different row count raises (the positions mean
-nothing then); the same count with other prompts only warns (an edited file: the stream goes on).
+"""Prompts from a local data file: :class:`DatasetSource`, a shuffled, epoch-counted, checkpointable row stream loaded
+by Hugging Face ``datasets`` (local only, no cache left behind), every row checked before the first is drawn
+(docs/workloads.md).
 """
 
 from __future__ import annotations
