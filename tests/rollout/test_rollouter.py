@@ -506,9 +506,8 @@ def test_names_that_moved_out_of_rollouter_py_are_still_importable_from_it():
     assert rollouter.RolloutError is errors.RolloutError
     assert rollouter.RoleWindow is role_window.RoleWindow
     assert rollouter.RolloutStepStats is utilization.RolloutStepStats
-    assert (rollouter.PromptItem, rollouter.expand_prompts) == (prompts.PromptItem, prompts.expand_prompts)
+    assert rollouter.PromptItem is prompts.PromptItem
     assert issubclass(rollouter.Rollouter, production.ProductionLoop)
-    assert list(rollouter.expand_prompts(["a", "b"], repeat=2)) == ["a", "b", "a", "b"]
 
 
 def test_an_aborted_segment_finishes_its_sample_only_at_the_length_bound_or_on_a_stop_token():
