@@ -30,7 +30,7 @@ from lightning_hybrid_rollout.config import (
 _CALLBACK_NAMES = ("HybridRolloutCallback",)
 _SUBCOMMANDS = ("fit", "validate", "test", "predict")
 _TOP_LEVEL_KEYS = ("seed_everything", "trainer", "model", "data", "ckpt_path", "weights_only", "config", "print_config")
-_MAX_LISTED = 20  # GRPOModule has 17 arguments: listed in one line (~230 characters)
+_MAX_LISTED = 20  # GRPOModule has 18 arguments: listed in one line (~230 characters)
 """List the valid arguments in an unknown-key message only up to this many (the Trainer has ~40)."""
 _YAML_BOOLS = {"true", "false", "yes", "no", "on", "off", "y", "n", "1", "0"}
 

@@ -7,17 +7,21 @@ It honours the contract every trainable module does (``policy_model``, ``trainin
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_deprecation, rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 from typing_extensions import override
 
 from lightning_hybrid_rollout.lightning.data import RolloutBatch, next_rollout_batch
+from lightning_hybrid_rollout.lightning.off_policy import (
+    OffPolicyCorrection,
+    importance_weight_sums,
+    importance_weights,
+)
 from lightning_hybrid_rollout.lightning.shared_prompt import (
     PromptBucket,
     check_shared_prompt,
@@ -28,6 +32,10 @@ from lightning_hybrid_rollout.lightning.shared_prompt import (
 )
 
 _MAX_LOG_RATIO = 20.0
+_PRE_UPDATE_SUMS = frozenset({"mismatch_kl", "is_weight", "is_weight_max", "is_masked"})
+"""Sums of the trainer's policy before the step's update: taken from the first PPO epoch only."""
+_MAX_SUMS = frozenset({"is_weight_max"})
+"""Sums combined across micro-batches by ``max``."""
 
 
 def ppo_clip_loss(
@@ -128,8 +136,11 @@ class GRPOModule(LightningModule):
         use_rollout_log_probs: If True, the "old" log-probs are the rollout engine's (no extra forward; stale
             samples are corrected by the PPO ratio itself). If False, they are recomputed with the current
             model before the update.
-        truncated_is_cap: With ``use_rollout_log_probs=False``: weight each token by
-            ``min(pi_old / pi_rollout, cap)`` (truncated importance sampling for stale / mismatched samples).
+        off_policy_correction: With ``use_rollout_log_probs=False`` (decoupled PPO: the clip around the trainer's
+            old policy): weight each token by ``pi_old / pi_rollout`` per token or per sequence, truncated or
+            masked (:class:`~.off_policy.OffPolicyCorrection`, docs/grpo.md). ``None``: weight 1.
+        truncated_is_cap: Deprecated spelling of ``off_policy_correction=OffPolicyCorrection("token", "truncate",
+            cap=truncated_is_cap)``.
         kl_coef: Weight of the k3 KL estimate against the rollout log-probs in the loss (0: only logged).
         ppo_epochs: Optimizer passes over each batch (> 1 switches to manual optimisation).
         micro_batch_size: Rows per forward/backward (gradient accumulation; switches to manual optimisation).
@@ -164,6 +175,7 @@ class GRPOModule(LightningModule):
         clip_eps: float = 0.2,
         clip_eps_high: float | None = None,
         use_rollout_log_probs: bool = True,
+        off_policy_correction: OffPolicyCorrection | None = None,
         truncated_is_cap: float | None = None,
         kl_coef: float = 0.0,
         ppo_epochs: int = 1,
@@ -182,14 +194,23 @@ class GRPOModule(LightningModule):
         if micro_batch_size is not None and micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
         if truncated_is_cap is not None:
-            if use_rollout_log_probs:
-                raise ValueError("truncated_is_cap needs use_rollout_log_probs=False (recomputed old log-probs)")
-            if truncated_is_cap <= 0:
-                raise ValueError(f"truncated_is_cap must be > 0, got {truncated_is_cap}")
+            if off_policy_correction is not None:
+                raise ValueError("pass off_policy_correction or its deprecated spelling truncated_is_cap, not both")
+            rank_zero_deprecation(
+                "GRPOModule(truncated_is_cap=C) is deprecated: write "
+                "off_policy_correction={level: token, mode: truncate, cap: C}"
+            )
+            off_policy_correction = OffPolicyCorrection("token", "truncate", cap=truncated_is_cap)
+        if off_policy_correction is not None and use_rollout_log_probs:
+            raise ValueError(
+                "off_policy_correction needs use_rollout_log_probs=False: with the engine's log-probs as the old "
+                "policy its weight is identically 1"
+            )
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         self.save_hyperparameters(ignore=["model"])
         self.model: nn.Module | None = model
+        self.off_policy_correction = off_policy_correction
         self.param_version: int = 0
         self.automatic_optimization = ppo_epochs == 1 and micro_batch_size is None
         self._shared_prompt_ok: bool | None = None  # None: not checked yet (on the first batch that shares prompts)
@@ -370,7 +391,9 @@ class GRPOModule(LightningModule):
             token_count: Token-mean denominator (the full batch's count when accumulating micro-batches).
 
         Returns:
-            ``(loss, sums)``; ``sums`` has ``tokens``, ``clipped``, ``kl``, ``neg_logp`` (sums over tokens).
+            ``(loss, sums)``; ``sums`` has ``tokens``, ``clipped``, ``kl``, ``neg_logp``, ``mismatch_kl`` (sums
+            over tokens) and, with an ``off_policy_correction``, those of
+            :func:`~.off_policy.importance_weight_sums`.
 
         Example::
 
@@ -380,14 +403,15 @@ class GRPOModule(LightningModule):
         logp = self.token_logprobs(batch)
         mask = self.loss_mask(batch)
         rollout_lp = batch.rollout_logprobs[:, 1:]
+        # the trainer's policy before this update: recomputed, or the current one on the first epoch
+        trainer_old = logp.detach() if old_logprobs is None else old_logprobs
+        old = rollout_lp if hp.use_rollout_log_probs else trainer_old
+        correction_sums: dict[str, Tensor] = {}
         is_weights = None
-        if hp.use_rollout_log_probs:
-            old = rollout_lp
-        else:
-            old = logp.detach() if old_logprobs is None else old_logprobs
-            if hp.truncated_is_cap is not None:
-                log_w = torch.where(mask > 0, old - rollout_lp, torch.zeros_like(old))
-                is_weights = torch.exp(log_w.clamp(max=math.log(hp.truncated_is_cap)))
+        if self.off_policy_correction is not None:
+            iw = importance_weights(trainer_old, rollout_lp, mask, self.off_policy_correction)
+            is_weights = iw.weights
+            correction_sums = importance_weight_sums(iw, mask)
         tokens = mask.sum()
         denom = tokens if token_count is None else token_count
         pg_loss, clip_fraction = ppo_clip_loss(
@@ -402,6 +426,8 @@ class GRPOModule(LightningModule):
             "clipped": (clip_fraction * tokens).detach(),
             "kl": kl_tok.sum().detach(),
             "neg_logp": (-(logp.detach()) * mask).sum(),
+            "mismatch_kl": (kl_k3(rollout_lp, trainer_old) * mask).sum(),
+            **correction_sums,
         }
         return loss, sums
 
@@ -428,28 +454,35 @@ class GRPOModule(LightningModule):
                 old = [self.token_logprobs(mb) for mb in micro]
         totals: dict[str, Tensor] = {}
         loss_sum = torch.zeros((), device=self.device)
-        for _ in range(hp.ppo_epochs):
+        for epoch in range(hp.ppo_epochs):
             opt.zero_grad()
             for mb, old_mb in zip(micro, old):
                 loss, sums = self.compute_loss(mb, old_logprobs=old_mb, token_count=token_count)
                 self.manual_backward(loss)
                 loss_sum = loss_sum + loss.detach()
                 for k, v in sums.items():
-                    totals[k] = totals.get(k, 0) + v
+                    if k in _PRE_UPDATE_SUMS and epoch > 0:
+                        continue  # the trainer's policy before the step's update: the first epoch's
+                    totals[k] = torch.maximum(totals[k], v) if k in _MAX_SUMS and k in totals else totals.get(k, 0) + v
             if hp.grad_clip:
                 self.clip_gradients(opt, gradient_clip_val=hp.grad_clip, gradient_clip_algorithm="norm")
             opt.step()
-        # token stats are summed over epochs: divide by the tokens summed the same way
-        self._log_metrics(batch, loss_sum / hp.ppo_epochs, totals)
+        # token stats are summed over epochs: divide by the tokens summed the same way (the pre-update ones, summed
+        # over the first epoch only, by a ppo_epochs-th of them)
+        self._log_metrics(batch, loss_sum / hp.ppo_epochs, totals, pre_update_tokens=token_count)
 
-    def _log_metrics(self, batch: RolloutBatch, loss: Tensor, sums: dict[str, Tensor]) -> None:
+    def _log_metrics(
+        self, batch: RolloutBatch, loss: Tensor, sums: dict[str, Tensor], pre_update_tokens: Tensor | None = None
+    ) -> None:
         tokens = sums["tokens"].clamp_min(1.0)
+        first = tokens if pre_update_tokens is None else pre_update_tokens.clamp_min(1.0)
         staleness = (self.param_version - batch.weight_version_min).float()
         metrics = {
             "train/loss": loss,
             "train/reward_mean": batch.rewards.mean(),
             "train/clip_fraction": sums["clipped"] / tokens,
             "train/kl": sums["kl"] / tokens,
+            "train/mismatch_kl": sums["mismatch_kl"] / first,
             "train/entropy": sums["neg_logp"] / tokens,
             "train/staleness_mean": staleness.mean(),
             "train/staleness_max": staleness.max(),
@@ -458,6 +491,10 @@ class GRPOModule(LightningModule):
         }
         if self.hparams.filter_groups:
             metrics["train/kept_fraction"] = (batch.group_reward_std > 0).float().mean()
+        if "is_weight" in sums:
+            metrics["train/is_weight_mean"] = sums["is_weight"] / first
+            metrics["train/is_weight_max"] = sums["is_weight_max"]
+            metrics["train/is_masked_fraction"] = sums["is_masked"] / first
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(batch))
 
     # -------------------------------------------------------------- optimizer

@@ -18,6 +18,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 from lightning_hybrid_rollout.lightning.data import RolloutDataModule, collate_samples
 from lightning_hybrid_rollout.lightning.module import GRPOModule, kl_k3, ppo_clip_loss
+from lightning_hybrid_rollout.lightning.off_policy import OffPolicyCorrection
 from lightning_hybrid_rollout.models.format_warmup import format_warmup
 from lightning_hybrid_rollout.rollout.sample import Sample
 
@@ -199,7 +200,8 @@ def test_on_policy_ratio_one_and_vanilla_policy_gradient() -> None:
 
 def test_recomputed_old_logprobs_with_truncated_is() -> None:
     # rollout log-probs 1 nat below the model's: pi_old / pi_rollout = e > cap = 2 -> every token weighs 2
-    module = GRPOModule(model=tiny_llama(), use_rollout_log_probs=False, truncated_is_cap=2.0)
+    tis = OffPolicyCorrection("token", "truncate", cap=2.0)
+    module = GRPOModule(model=tiny_llama(), use_rollout_log_probs=False, off_policy_correction=tis)
     batch = _on_policy_batch(module, shift=1.0)
     loss, _ = module.compute_loss(batch)
     logp = module.token_logprobs(batch)
@@ -208,7 +210,7 @@ def test_recomputed_old_logprobs_with_truncated_is() -> None:
     for g, v in zip(_grads(module, loss), _grads(module, weighted_pg)):
         torch.testing.assert_close(g, v, atol=1e-6, rtol=1e-4)
     with pytest.raises(ValueError, match="use_rollout_log_probs=False"):
-        GRPOModule(model=tiny_llama(), truncated_is_cap=2.0)
+        GRPOModule(model=tiny_llama(), off_policy_correction=tis)
     with pytest.raises(ValueError, match="at most one"):
         GRPOModule(model_path="x", model=tiny_llama())
     with pytest.raises(ValueError, match=r"takes rollout\.model_path"):  # no model and no callback to take it from
@@ -286,7 +288,7 @@ def test_fit_manual_mode_ppo_epochs_and_micro_batches(tmp_path: Path) -> None:
         ppo_epochs=2,
         micro_batch_size=3,
         use_rollout_log_probs=False,
-        truncated_is_cap=2.0,
+        off_policy_correction=OffPolicyCorrection("token", "truncate", cap=2.0),
         filter_groups=True,
         grad_clip=1.0,
     )
