@@ -332,8 +332,8 @@ class AsyncTrainingConfig(_ConfigBase):
 
     standalone_sync_mode: Literal["abort", "keep"] = "abort"
     """What a standalone weight sync does with in-flight requests: ``abort`` (the seed's: they continue from their
-    prefix, re-prefilled) or ``keep`` (frozen with their KV cache and continued after the load without a
-    re-prefill; the tokens after it are a new segment of the new version)."""
+    prefix, re-prefilled) or ``keep`` (frozen, and continued after the load in the same engine request, their KV
+    recomputed by the new weights; the tokens after it are a new segment of the new version)."""
 
     # --- Parameters of fully-async training used by dynamic scheduling (design/scheduling.md §2)
 

@@ -3,8 +3,9 @@
 - every step, through ``LightningModule.log``: ``rollout/mq_size_step``, ``train/prompts_skipped_too_long``,
   ``train/samples_per_s`` and the reward functions' values (``train/rewards/<name>_mean``, ``train/reward_errors``);
 - every cycle: its end's measurements (:class:`~lightning_hybrid_rollout.schedule.cycle.CycleEnd`) closed in the
-  :class:`~lightning_hybrid_rollout.schedule.cycle.CycleLedger`, the ``dynamic_resource/*`` values written once to
-  the trainer's loggers, a trace counter, and every ``summary_every_n_cycles`` cycles one console line.
+  :class:`~lightning_hybrid_rollout.schedule.cycle.CycleLedger`, the ``dynamic_resource/*`` values and
+  ``rollout/prefix_cache_hit_rate`` written once to the trainer's loggers, a trace counter, and every
+  ``summary_every_n_cycles`` cycles one console line.
 
 The callback builds one per fit (at ``on_train_start``) and passes its own counters to each call.
 """
@@ -23,6 +24,9 @@ from lightning_hybrid_rollout.lightning.overlap import OverlapSync
 from lightning_hybrid_rollout.lightning.workload import Workload
 from lightning_hybrid_rollout.schedule import DynamicResourceController, DynamicSchedulePolicyBase
 from lightning_hybrid_rollout.schedule.cycle import CycleEnd, CycleLedger
+
+#: Per cycle: cached prompt tokens over prompt tokens of the segments the replicas returned (vLLM's prefix cache).
+PREFIX_CACHE_HIT_RATE = "rollout/prefix_cache_hit_rate"
 
 
 class CycleReport:
@@ -142,6 +146,7 @@ class CycleReport:
         """
         values = self.ledger.close(end)
         values[M.REPLICA_RESTARTS] = float(self.runtime.replica_restarts())
+        values[PREFIX_CACHE_HIT_RATE] = self.runtime.prefix_cache_hit_rate()
         for logger in trainer.loggers:
             logger.log_metrics(values, step=trainer.fit_loop.epoch_loop._batches_that_stepped)
         for name in (M.MQ_SIZE, M.HYBRID_ACTIVE, M.RESOURCE_UTILIZATION):

@@ -52,6 +52,8 @@ class RuntimeQueries:
 
     queue: Any
     rollouter: Any
+    #: The last taken window's prefix-cache hit rate (:meth:`prefix_cache_hit_rate`).
+    _prefix_cache_hit_rate: float = 0.0
 
     def queue_size(self) -> int:
         """Samples buffered now."""
@@ -102,7 +104,14 @@ class RuntimeQueries:
 
     def take_role_window(self) -> Any:
         """The cycle's per-role production, starting a new window."""
-        return self.rollouter.take_role_window()
+        window = self.rollouter.take_role_window()
+        self._prefix_cache_hit_rate = float(getattr(window, "prefix_cache_hit_rate", 0.0))
+        return window
+
+    def prefix_cache_hit_rate(self) -> float:
+        """Cached prompt tokens over prompt tokens of the segments returned in the last taken window (the cycle's:
+        ``rollout/prefix_cache_hit_rate``)."""
+        return self._prefix_cache_hit_rate
 
     # replica failures: none in a test double (RolloutRuntime replaces failed replicas)
 

@@ -46,6 +46,9 @@ class GenerationResult:
         finish_reason: ``"stop"``, ``"length"`` or ``"abort"`` (aborted: ``token_ids`` is the partial output).
         weight_version: Version of the weights the engine held while generating this segment.
         replica_id: The replica that produced it.
+        info: Engine details (timings, ``version_splits`` of a keep-mode update, ``rejected``).
+        cached_prompt_tokens: Prompt tokens the engine's prefix cache served instead of prefilling (0 for an engine
+            without one).
     """
 
     request_id: str
@@ -55,6 +58,7 @@ class GenerationResult:
     weight_version: int
     replica_id: str = ""
     info: dict[str, Any] = field(default_factory=dict)
+    cached_prompt_tokens: int = 0
 
 
 @runtime_checkable

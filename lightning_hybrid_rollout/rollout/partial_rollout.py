@@ -130,14 +130,16 @@ class SampleGenerator:
                 ] * len(pending)
             retry: list[SampleState] = []
             backoff = 0.0
-            for st, (rid, _, spec), outcome in zip(pending, requests, outcomes):
+            for st, (rid, prompt, spec), outcome in zip(pending, requests, outcomes):
                 if isinstance(outcome, asyncio.CancelledError):
                     raise outcome
                 if isinstance(outcome, BaseException):
                     retry.append(st)
                     backoff = max(backoff, self._failed(st, rid, replica, outcome))
                     continue
-                reason, wait = self._settle(st, outcome, spec.max_tokens, replica, rid, response_length, stop_ids)
+                reason, wait = self._settle(
+                    st, outcome, len(prompt), spec.max_tokens, replica, rid, response_length, stop_ids
+                )
                 if reason is not None:
                     finished(st, reason)
                 else:
@@ -169,6 +171,7 @@ class SampleGenerator:
         self,
         st: SampleState,
         result: GenerationResult,
+        prompt_tokens: int,
         remaining: int,
         replica: ReplicaLike,
         request_id: str,
@@ -206,6 +209,7 @@ class SampleGenerator:
                 )
             host.load_balancer.clear_sticky_key(st.group_id)
             return None, refusal_backoff_s(st.rejections)
+        self._role_production.add_prompt(prompt_tokens, result.cached_prompt_tokens)
         if result.finish_reason == "abort":
             host.aborted_segments += 1
         reason = settle_segment(

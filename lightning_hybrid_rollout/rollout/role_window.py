@@ -27,12 +27,22 @@ class RoleWindow:
             included (they were decoded, even when ``partial_rollout=False`` throws them away).
         start_s: Clock reading at the window's start.
         end_s: Clock reading at the window's end.
+        prompt_tokens: Prompt tokens (partial-rollout prefixes included) of the segments the replicas returned in the
+            window, all roles.
+        cached_prompt_tokens: Those of them the replicas' prefix caches served instead of prefilling.
     """
 
     serving_s: dict[str, float]
     decoded_tokens: dict[str, int]
     start_s: float
     end_s: float
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Cached prompt tokens over prompt tokens (0 when no segment came back)."""
+        return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
 def replica_role(replica: object) -> str:
@@ -51,16 +61,24 @@ class RoleProduction:
     def __init__(self) -> None:
         self.decoded_tokens: dict[str, int] = dict.fromkeys(ROLES, 0)
         self.serving_s: dict[str, float] = dict.fromkeys(ROLES, 0.0)
+        self.prompt_tokens = 0
+        self.cached_prompt_tokens = 0
         self.syncing: set[str] = set()
         self._serving_roles: frozenset[str] = frozenset()
         self._serving_t: float | None = None
         self._window_tokens0: dict[str, int] = dict(self.decoded_tokens)
         self._window_serving0: dict[str, float] = dict(self.serving_s)
         self._window_start: float | None = None
+        self._window_prompt0 = (0, 0)
 
     def add_tokens(self, role: str, n: int) -> None:
         """Count ``n`` tokens a replica of ``role`` returned."""
         self.decoded_tokens[role] = self.decoded_tokens.get(role, 0) + n
+
+    def add_prompt(self, prompt_tokens: int, cached_prompt_tokens: int) -> None:
+        """Count a returned segment's prompt and how much of it the replica's prefix cache served."""
+        self.prompt_tokens += prompt_tokens
+        self.cached_prompt_tokens += cached_prompt_tokens
 
     def set_syncing(self, replica_ids: Iterable[str], syncing: bool) -> None:
         """Mark replicas as under (or done with) a weight sync; call :meth:`tick` next."""
@@ -97,10 +115,13 @@ class RoleProduction:
             decoded_tokens={k: v - self._window_tokens0.get(k, 0) for k, v in self.decoded_tokens.items()},
             start_s=start,
             end_s=now,
+            prompt_tokens=self.prompt_tokens - self._window_prompt0[0],
+            cached_prompt_tokens=self.cached_prompt_tokens - self._window_prompt0[1],
         )
         if not restart:
             return window
         self._window_serving0 = dict(self.serving_s)
         self._window_tokens0 = dict(self.decoded_tokens)
+        self._window_prompt0 = (self.prompt_tokens, self.cached_prompt_tokens)
         self._window_start = now
         return window

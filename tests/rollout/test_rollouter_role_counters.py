@@ -140,3 +140,31 @@ def test_peek_role_window_reads_the_window_so_far_without_restarting_it():
     # and only the take restarts it
     assert (next_peek.start_s, next_peek.end_s) == (7.0, 8.0)
     assert next_peek.serving_s == {"standalone": 1.0, "hybrid": 0.0}
+
+
+class _CachingReplica(FakeReplica):
+    """A replica whose prefix cache served the first half of every prompt."""
+
+    async def generate(self, request_id, prompt_token_ids, sampling):  # type: ignore[no-untyped-def]
+        result = await super().generate(request_id, prompt_token_ids, sampling)
+        result.cached_prompt_tokens = len(prompt_token_ids) // 2
+        return result
+
+
+def test_windows_carry_the_prompt_tokens_and_those_the_prefix_caches_served():
+    s = _CachingReplica("s", token_latency=(0.0005, 0.001), seed=1)
+    ro, queue = make([s], n_prompts=40, max_required=40, per_replica=4, max_tokens=8)
+    ro.start()
+    try:
+        queue.get_batch(16, timeout=10)
+        first = ro.take_role_window()
+        queue.get_batch(24, timeout=10)  # all 40 delivered: every segment is back
+        second = ro.take_role_window()
+    finally:
+        ro.stop()
+    prompts = [call.prompt_len for call in s.calls]
+    assert first.prompt_tokens > 0 and first.prompt_tokens + second.prompt_tokens == sum(prompts)
+    cached = first.cached_prompt_tokens + second.cached_prompt_tokens
+    assert cached == sum(n // 2 for n in prompts)
+    assert first.prefix_cache_hit_rate == first.cached_prompt_tokens / first.prompt_tokens
+    assert RoleWindow({}, {}, 0.0, 0.0).prefix_cache_hit_rate == 0.0  # nothing came back

@@ -583,7 +583,7 @@ def test_gpu_cuda_ipc_and_nccl_collective_pushes(
 
 
 @pytest.mark.slow
-def test_keep_mode_push_continues_in_flight_requests_without_abort_or_reprefill_with_exact_versions(
+def test_keep_mode_push_continues_in_flight_requests_without_abort_or_resubmission_with_exact_versions(
     vllm_replicas, tiny_hf_model, hf_reference, run_async
 ) -> None:
     prompt, n = [1, 7, 14, 8, 18], 160
@@ -604,7 +604,7 @@ def test_keep_mode_push_continues_in_flight_requests_without_abort_or_reprefill_
 
     v, report, out, health = run_async(go())
     assert set(report.replica_checksums.values()) == {checksum_state(state_new)}
-    # one engine request, never aborted: it went on from where it was frozen (no re-prefill, no second request)
+    # one engine request, never aborted: it went on from where it was frozen (no second request)
     assert out.finish_reason == "length" and len(out.token_ids) == n and out.weight_version == v
     assert health["inflight"] == 0 and health["weight_version"] == v + 1
     ((split, version),) = out.info["version_splits"]

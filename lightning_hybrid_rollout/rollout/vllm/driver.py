@@ -248,7 +248,7 @@ class VLLMEngine(WeightUpdates):
             flat_logprobs=True,
             detokenize=False,
         )
-        version = self.weight_version
+        version, salt = self.weight_version, self.cache_salt()
         self._inflight[request_id] = version
         progress = self._progress[request_id] = RequestProgress(
             sampling.max_tokens, len(prompt_token_ids), submitted_s=time.monotonic()
@@ -256,12 +256,14 @@ class VLLMEngine(WeightUpdates):
         tokens: list[int] = []
         logprobs: list[float] = []
         finish: str | None = None
+        cached = 0
         t0 = time.perf_counter()
         try:
             async for out in self.llm.generate(
-                TokensPrompt(prompt_token_ids=list(prompt_token_ids)), params, request_id=request_id
+                TokensPrompt(prompt_token_ids=list(prompt_token_ids), cache_salt=salt), params, request_id=request_id
             ):
                 self._outputs_received += 1
+                cached = int(out.num_cached_tokens or 0)
                 comp = out.outputs[0]
                 tokens = list(comp.token_ids)  # cumulative (FINAL_ONLY)
                 if self.config.return_logprobs:
@@ -290,6 +292,7 @@ class VLLMEngine(WeightUpdates):
             weight_version=version,
             replica_id=self.replica_id,
             info=info,
+            cached_prompt_tokens=cached,
         )
 
     async def generate_group(
@@ -452,7 +455,9 @@ class VLLMEngine(WeightUpdates):
             if self.config.sleep_mode():
                 await self.llm.wake_up(tags=["weights"])
                 await self.llm.wake_up(tags=["kv_cache"])
-                await self.llm.reset_prefix_cache()
+                self._kv_epoch += 1  # the KV memory came back empty: nothing cached before the sleep may serve
+                reset = await self.llm.reset_prefix_cache()
+                logger.debug("replica %s: prefix cache reset after wake-up: %s", self.replica_id, reset)
                 await self.weights_checksum()
             self.state = "active"
             self._ready.set()

@@ -67,6 +67,38 @@ class WeightUpdates:
 
         #: This process's CUDA device UUID (None on CPU): ``auto`` picks ``cuda_ipc`` when it is the trainer's.
         self._cuda_device = device_uuid()
+        #: Bumped whenever the weights or the KV memory may have changed (every update session's end, a GPU wake):
+        #: part of :meth:`cache_salt`, so even a version pushed twice never shares a prefix-cache entry.
+        self._kv_epoch = 0
+
+    def cache_salt(self) -> str:
+        """The prefix-cache salt of a request admitted now: vLLM hashes it into the request's first KV block, so a
+        request only ever reuses KV computed under the same weights (a prompt group, a continued partial rollout)
+        and never KV of older weights, whether or not vLLM managed to reset its cache after the update."""
+        return f"lhr.v{self.weight_version}.e{self._kv_epoch}"
+
+    async def _drop_stale_kv(self, keep: bool) -> None:
+        """After a load: free the old weights' cached KV (best effort) and, in keep mode, have the frozen requests
+        recompute theirs under the new weights when they resume.
+
+        New requests never need the reset (:meth:`cache_salt`); vLLM refuses it while a request holds KV blocks.
+        In keep mode vLLM preempts the frozen requests instead (``reset_running_requests``): their prompt and tokens
+        so far are prefilled again by the new weights, so every token after the update is the new weights' own. If
+        that fails they are aborted and continue from their prefix (partial rollout), as in abort mode.
+        """
+        try:
+            reset = bool(await self.llm.reset_prefix_cache(reset_running_requests=keep))
+        except Exception as e:  # vLLM raises when it cannot free a preempted request's blocks
+            logger.debug("replica %s: prefix cache reset failed: %s", self.replica_id, e)
+            reset = False
+        logger.debug("replica %s: prefix cache reset after v%d: %s", self.replica_id, self.weight_version, reset)
+        if keep and not reset:
+            logger.warning(
+                "replica %s: vLLM could not recompute the frozen requests' KV under v%d; aborting them instead",
+                self.replica_id,
+                self.weight_version,
+            )
+            await self._abort_all()
 
     async def _abort_all(self) -> int:
         """Abort every in-flight request and wait (bounded) until their streams ended (the engine's)."""
@@ -139,6 +171,7 @@ class WeightUpdates:
         if self._update is not None and self._update.keep and self.llm is not None:
             self._resume_task = asyncio.ensure_future(self.llm.resume_generation())  # the frozen requests go on
         self._update = None
+        self._kv_epoch += 1  # whatever the session loaded (all, part or nothing), older KV must not serve
         self.state = state
         self._ready.set()
         if self._update_lock.locked():
@@ -166,7 +199,6 @@ class WeightUpdates:
         t_finish = time.perf_counter()
         try:
             info = await self._rpc("lhr_finish_update")
-            await self.llm.reset_prefix_cache()
         except BaseException as e:
             self._checksum = None
             self._end_update(upd.resume)
@@ -183,6 +215,11 @@ class WeightUpdates:
         info["transports"] = sorted(upd.transports)
         if upd.keep:
             self._mark_version(self.weight_version)
+        try:
+            await self._drop_stale_kv(upd.keep)
+        except BaseException:  # cancelled: the engine must not stay paused
+            self._end_update(upd.resume)
+            raise
         info["seconds"] = time.perf_counter() - upd.t0
         info["finish_s"] = time.perf_counter() - t_finish
         info["begin_s"], info["stage_s"] = upd.begin_s, upd.stage_s
