@@ -29,6 +29,7 @@ from lightning_hybrid_rollout.config import (
 )
 from lightning_hybrid_rollout.errors import ReplicaFailureError
 from lightning_hybrid_rollout.lightning.cycle_report import CycleReport
+from lightning_hybrid_rollout.lightning.lora import check_lora_targets
 from lightning_hybrid_rollout.lightning.overlap import OverlapSync
 from lightning_hybrid_rollout.lightning.placement import rank_node_ips
 from lightning_hybrid_rollout.lightning.recent import RecentList
@@ -292,6 +293,9 @@ class HybridRolloutCallback(Callback):
 
                 ensure_run_model(self.rollout, self.build_model, lambda: get_task(self.task_name, **self.task_kwargs))
             trainer.strategy.barrier("lhr_model_ready")
+            lora_config = getattr(pl_module, "lora_config", None)
+            if lora_config is not None:  # the adapter's target_modules against the model, before Ray (every rank)
+                check_lora_targets(lora_config, self.rollout.model_path)
         # the data set, the prompts' lengths and the reward functions are checked before Ray starts (every rank:
         # each one answers its share of the held-out prompts)
         self._workload = load_workload(

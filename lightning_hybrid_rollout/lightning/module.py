@@ -7,7 +7,9 @@ It honours the contract every trainable module does (``policy_model``, ``trainin
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,6 +19,7 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from lightning_hybrid_rollout.lightning.data import RolloutBatch, next_rollout_batch
+from lightning_hybrid_rollout.lightning.lora import inject_lora, is_lora_model, lora_config_from
 from lightning_hybrid_rollout.lightning.off_policy import (
     OffPolicyCorrection,
     importance_weight_sums,
@@ -157,6 +160,9 @@ class GRPOModule(LightningModule):
             per micro-batch instead of one. ``None`` (default): on for a model on the CPU, off on a GPU (where
             it measured slower); ``True``: on; ``False``: off. A model that cannot or disagrees on the first shared
             batch falls back to the plain forward with one warning. Single-process training only.
+        peft: Train a LoRA adapter instead of the whole model: PEFT ``LoraConfig`` fields (``r``, ``lora_alpha``,
+            ``lora_dropout``, ``target_modules``, ...), checked here; only the adapter trains, checkpoints hold the
+            adapter and its optimizer state, the weight sync pushes the merged weights (docs/lora.md).
 
     Example::
 
@@ -185,6 +191,7 @@ class GRPOModule(LightningModule):
         temperature: float = 1.0,
         grad_clip: float | None = None,
         shared_prompt_forward: bool | None = None,
+        peft: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if model_path is not None and model is not None:
@@ -208,7 +215,10 @@ class GRPOModule(LightningModule):
             )
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
+        lora_config = lora_config_from(peft) if peft is not None else None
         self.save_hyperparameters(ignore=["model"])
+        self.lora_config = lora_config
+        self.strict_loading = lora_config is None  # a LoRA checkpoint holds the adapter only (on_save_checkpoint)
         self.model: nn.Module | None = model
         self.off_policy_correction = off_policy_correction
         self.param_version: int = 0
@@ -280,8 +290,14 @@ class GRPOModule(LightningModule):
 
     @override
     def configure_model(self) -> None:
-        if self.model is not None:
-            return
+        if self.model is None:
+            self.model = self._load_model()
+        if self.lora_config is not None and not is_lora_model(self.model):
+            self.model = inject_lora(self.model, self.lora_config)
+            trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+            rank_zero_info(f"GRPOModule: LoRA r={self.lora_config.r}, {trainable} trainable parameters")
+
+    def _load_model(self) -> nn.Module:
         import transformers
         from packaging.version import Version
         from transformers import AutoModelForCausalLM
@@ -292,9 +308,59 @@ class GRPOModule(LightningModule):
                 "(the module then takes rollout.model_path)"
             )
         key = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
-        self.model = AutoModelForCausalLM.from_pretrained(self.hparams.model_path, **{key: torch.float32})
-        self.model.train()  # from_pretrained returns it in eval mode (Lightning would warn at the fit's start)
-        rank_zero_info(f"GRPOModule: loaded {type(self.model).__name__} from {self.hparams.model_path}")
+        model = AutoModelForCausalLM.from_pretrained(self.hparams.model_path, **{key: torch.float32})
+        model.train()  # from_pretrained returns it in eval mode (Lightning would warn at the fit's start)
+        rank_zero_info(f"GRPOModule: loaded {type(model).__name__} from {self.hparams.model_path}")
+        return model
+
+    # ------------------------------------------------------------------ LoRA: checkpoints and export
+    @override
+    def setup(self, stage: str) -> None:
+        if self.lora_config is not None and hasattr(self.trainer.strategy, "exclude_frozen_parameters"):
+            self.trainer.strategy.exclude_frozen_parameters = True  # DeepSpeed saves its engine's own state dict
+
+    @override
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.lora_config is None or "state_dict" not in checkpoint:
+            return
+        trainable = {name for name, p in self.named_parameters() if p.requires_grad}
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+
+    @override
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.lora_config is None or "state_dict" not in checkpoint:
+            return
+        missing = [n for n, p in self.named_parameters() if p.requires_grad and n not in checkpoint["state_dict"]]
+        if missing:
+            raise ValueError(
+                f"the checkpoint lacks {len(missing)} of the adapter's tensors (e.g. {missing[0]}): it was saved "
+                "with another peft config (or none); resume with the peft config it was trained with"
+            )
+
+    def export_adapter(self, out_dir: str | os.PathLike[str]) -> Path:
+        """Write the LoRA adapter as a PEFT adapter directory (``PeftModel.from_pretrained(base, out_dir)``)."""
+        from lightning_hybrid_rollout.lightning.lora import save_adapter
+
+        if self.lora_config is None:
+            raise ValueError("export_adapter needs a LoRA module (GRPOModule(peft={...})); use export_merged")
+        return save_adapter(self.policy_model, self.lora_config, out_dir)
+
+    def export_merged(self, out_dir: str | os.PathLike[str]) -> Path:
+        """Write the policy (LoRA merged in) as a plain Hugging Face model directory, with the tokenizer of
+        ``model_path`` when there is one."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from lightning_hybrid_rollout.lightning.lora import merged_state_dict
+
+        out = Path(out_dir)
+        policy = self.policy_model
+        with torch.device("meta"):
+            plain = AutoModelForCausalLM.from_config(policy.config)
+        plain.load_state_dict(merged_state_dict(policy), assign=True, strict=True)
+        plain.save_pretrained(str(out))
+        if self.hparams.model_path:
+            AutoTokenizer.from_pretrained(self.hparams.model_path).save_pretrained(str(out))
+        return out
 
     @override
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, logits_to_keep: int = 0) -> Tensor:

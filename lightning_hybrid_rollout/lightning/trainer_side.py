@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from lightning_hybrid_rollout.lightning.lora import merged_state_dict
 from lightning_hybrid_rollout.lightning.rank_protocol import BoundaryProtocol
 
 if TYPE_CHECKING:
@@ -128,7 +129,7 @@ class TrainerSide:
                 items.extend(bucket)
         else:
             model = getattr(trainer.lightning_module, "policy_model", trainer.lightning_module)
-            items = [(k, v.detach().to("cpu")) for k, v in model.state_dict().items()]
+            items = list(merged_state_dict(model).items())  # a LoRA policy's merged weights (lightning/lora.py)
         self.weights = items if trainer.is_global_zero else None
 
     # ------------------------------------------------------------------------- TrainerLink (the hybrid pool's)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from lightning_hybrid_rollout.lightning.lora import WeightGroup, weight_groups
 from lightning_hybrid_rollout.rollout.weights.format import DEFAULT_BUCKET_BYTES as DEFAULT_BUCKET_BYTES
 
 if TYPE_CHECKING:
@@ -236,16 +237,26 @@ class HybridStrategyMixin:
         policy = self.policy_module
         materialize = not rank_zero_only or self._hybrid_global_rank() == 0
         entries = [(clean_param_name(name), tensor) for name, tensor in self._full_weight_entries(policy)]
-        bucket: list[tuple[str, Tensor]] = []
+        # a LoRA policy streams its merged weights under the base names (lightning/lora.py, docs/lora.md)
+        groups = weight_groups(policy, entries, clean_param_name)
+        bucket: list[WeightGroup] = []
         size = 0
-        for name, tensor in entries:
-            bucket.append((name, tensor))
-            size += full_nbytes(tensor)
+        for group in groups:
+            bucket.append(group)
+            size += full_nbytes(group.parts[0][1])
             if size >= bucket_bytes:
-                yield self._gather_bucket(bucket, materialize)
+                yield self._gather_groups(bucket, materialize)
                 bucket, size = [], 0
         if bucket:
-            yield self._gather_bucket(bucket, materialize)
+            yield self._gather_groups(bucket, materialize)
+
+    def _gather_groups(self, groups: list[WeightGroup], materialize: bool) -> WeightBucket:
+        """One bucket of :meth:`iter_full_weights`: every part gathered, then each group combined (a LoRA merge)."""
+        gathered = self._gather_bucket([part for group in groups for part in group.parts], materialize)
+        if not materialize:
+            return []
+        tensors = iter(tensor for _, tensor in gathered)
+        return [(group.name, group.combine([next(tensors) for _ in group.parts])) for group in groups]
 
     # ------------------------------------------------------------------ hooks for subclasses
     def _full_weight_entries(self, policy: nn.Module) -> list[tuple[str, Tensor]]:
