@@ -30,7 +30,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from lightning_hybrid_rollout.errors import RewardFunctionError
+from lightning_hybrid_rollout.errors import HybridRolloutError, RewardFunctionError
 from lightning_hybrid_rollout.rewards.builtin import BUILTINS
 from lightning_hybrid_rollout.rewards.config import BUILTIN_CLASS_NAMES, BUILTIN_FUNCTION_NAMES, RewardConfig
 
@@ -39,6 +39,7 @@ __all__ = [
     "RewardFunction",
     "check_signature",
     "load_reward_functions",
+    "resolve_import_path",
     "resolve_reward_item",
     "spec_text",
 ]
@@ -83,12 +84,12 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[:300]}" if text else type(err).__name__
 
 
-def _load_file(label: str, where: str) -> ModuleType:
+def _load_file(label: str, where: str, kind: str, error: type[HybridRolloutError]) -> ModuleType:
     path = Path(where).expanduser()
     path = path if path.is_absolute() else Path.cwd() / path
     if not path.is_file():
-        raise RewardFunctionError(
-            f"reward function {label!r}: file {str(path)!r} not found (a relative path is read from the current "
+        raise error(
+            f"{kind} {label!r}: file {str(path)!r} not found (a relative path is read from the current "
             f"directory, {str(Path.cwd())!r}); fix the path"
         )
     path = path.resolve()
@@ -99,27 +100,23 @@ def _load_file(label: str, where: str) -> ModuleType:
         return sys.modules[mod_name]
     spec = importlib.util.spec_from_file_location(mod_name, path)
     if spec is None or spec.loader is None:
-        raise RewardFunctionError(
-            f"reward function {label!r}: {str(path)!r} cannot be loaded as Python; use a .py file"
-        )
+        raise error(f"{kind} {label!r}: {str(path)!r} cannot be loaded as Python; use a .py file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module  # dataclasses, pickling and relative lookups need the module registered
     try:
         spec.loader.exec_module(module)
     except (Exception, SystemExit) as err:
         del sys.modules[mod_name]
-        raise RewardFunctionError(
-            f"reward function {label!r}: file {str(path)!r} does not import: {_one_line(err)}; fix the file"
-        ) from err
+        raise error(f"{kind} {label!r}: file {str(path)!r} does not import: {_one_line(err)}; fix the file") from err
     return module
 
 
-def _load_module(label: str, where: str) -> ModuleType:
+def _load_module(label: str, where: str, kind: str, error: type[HybridRolloutError]) -> ModuleType:
     try:
         return importlib.import_module(where)
     except (Exception, SystemExit) as err:
-        raise RewardFunctionError(
-            f"reward function {label!r}: module {where!r} does not import: {_one_line(err)}; check the module name "
+        raise error(
+            f"{kind} {label!r}: module {where!r} does not import: {_one_line(err)}; check the module name "
             "and that it is installed or on sys.path (or give a file: 'path/to/file.py:function')"
         ) from err
 
@@ -131,28 +128,43 @@ def _callables(module: ModuleType) -> list[str]:
     return sorted(own or public)
 
 
-def _resolve_path(label: str, path: str) -> Any:
+def _resolve_path(
+    label: str, path: str, kind: str = "reward function", error: type[HybridRolloutError] = RewardFunctionError
+) -> Any:
     """The object ``path`` names: ``module:attr``, ``file.py:attr`` or ``package.module.attr``."""
     if ":" in path:
         where, _, attr = path.rpartition(":")
     elif "." in path:
         where, _, attr = path.rpartition(".")
     else:
-        raise RewardFunctionError(
-            f"reward function {label!r}: {path!r} names no module; write 'package.module:function' or "
-            f"'path/to/file.py:function'"
+        raise error(
+            f"{kind} {label!r}: {path!r} names no module; write 'package.module:name' or 'path/to/file.py:name'"
         )
     is_file = where.endswith(".py") or "/" in where or "\\" in where
-    module = _load_file(label, where) if is_file else _load_module(label, where)
+    module = _load_file(label, where, kind, error) if is_file else _load_module(label, where, kind, error)
     if not hasattr(module, attr):
         names = _callables(module)
         close = difflib.get_close_matches(attr, names, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         shown = ", ".join(names[:15]) + (", ..." if len(names) > 15 else "")
-        raise RewardFunctionError(
-            f"reward function {label!r}: {where!r} has no attribute {attr!r}.{hint} Its callables: {shown or 'none'}"
-        )
+        raise error(f"{kind} {label!r}: {where!r} has no attribute {attr!r}.{hint} Its callables: {shown or 'none'}")
     return getattr(module, attr)
+
+
+def resolve_import_path(path: str, *, kind: str, error: type[HybridRolloutError]) -> Any:
+    """The object an import path names, with the reward functions' rules and one-line errors, for other plug-ins.
+
+    Args:
+        path: ``"package.module:name"``, ``"path/to/file.py:name"`` or ``"package.module.name"``.
+        kind: How messages name what is loaded (``"tool"``, ``"environment"``).
+        error: The exception raised, with one line naming ``kind``, ``path``, what is wrong and the fix.
+
+    Example::
+
+        >>> resolve_import_path("math:sqrt", kind="tool", error=RewardFunctionError).__name__
+        'sqrt'
+    """
+    return _resolve_path(str(path), str(path).strip(), kind, error)
 
 
 def _instantiate(label: str, cls: type, init_args: Mapping[str, Any]) -> Any:
