@@ -142,6 +142,21 @@ class EngineArgsError(HybridRolloutError, ValueError):
     """vLLM refused the engine arguments (unknown or invalid); the message is vLLM's own, on one line."""
 
 
+class ToolError(HybridRolloutError, ValueError):
+    """An agentic tool or tool-call parser cannot be used (not found, no type hints or docstring, unknown parser);
+    the message names it and the fix."""
+
+
+class AgentEnvironmentError(HybridRolloutError, ValueError):
+    """An agentic environment cannot be used (path not found, no ``reset``, a ``step`` of the wrong shape); the
+    message names it and the fix."""
+
+
+class ChatTemplateError(HybridRolloutError, ValueError):
+    """A chat template renders a new message in a way whose tokens cannot be told apart from the conversation's;
+    the message names the role and the fix."""
+
+
 def is_replica_dead_error(exc: BaseException) -> bool:
     """True if ``exc`` means the replica's process is gone.
 

@@ -7,7 +7,7 @@
   subpackage but the pure ``schedule/`` and ``metrics/``;
 - ``rollout/`` imports nothing from ``lightning/``, ``sim/``, ``analysis/`` or ``models/``; ``sim/`` nothing from
   ``rollout/``, ``lightning/`` or ``models/``; ``models/`` (model preparation) nothing from the runtime, the simulator
-  or ``analysis/``; ``tasks/``, ``sources/``, ``rewards/`` and ``schedule/`` sit below all of those;
+  or ``analysis/``; ``tasks/``, ``sources/``, ``rewards/``, ``agentic/`` and ``schedule/`` sit below all of those;
 - ``sim/`` and ``analysis/`` (what reads a finished run): ``sim/`` never imports ``analysis/``'s run readers, only its
   trace renderer ``analysis/plots.py`` (for ``lhr simulate --plot``), which imports nothing from ``sim/``;
   ``analysis/`` may use the simulator's bound math (``sim/bound.py``: one formula for a simulated and a real run) but
@@ -37,6 +37,7 @@ FORBIDDEN = {
     "tasks": UPPER,
     "sources": UPPER,
     "rewards": (*UPPER, "sources", "tasks"),
+    "agentic": (*UPPER, "sources", "tasks"),
     "schedule": (*UPPER, "tasks"),
 }
 #: What ``sim/`` may import from ``analysis/``: the trace renderer (``lhr simulate --plot``, ``lhr plan --plot``).
