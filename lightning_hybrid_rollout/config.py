@@ -611,6 +611,21 @@ class RolloutConfig(_ConfigBase):
     top_p: float = 1.0
     """Nucleus sampling mass, in (0, 1]; 1.0 = disabled."""
 
+    # --- Parameters that control which groups are trained on (dynamic sampling) -------------------------------
+
+    filter_groups: bool | str = False
+    """Drop finished groups before they reach the queue and admit a new prompt in each one's place, so every step
+    still trains on its configured number of samples (DAPO's dynamic sampling). ``true``: drop groups whose rewards
+    are all equal (zero advantage, no learning signal); a string ``"package.module:function"`` or
+    ``"path/to/file.py:function"``: drop a group when ``function(samples)`` (its finished, rewarded ``Sample``
+    list) returns False. ``false``: every group is trained on."""
+
+    max_num_gen_batches: int = 10
+    """Cap on generation per weight-sync cycle while ``filter_groups`` drops groups, in batches of the cycle's
+    required samples (verl's ``max_num_gen_batches``): once the cycle's dropped samples reach ``(max_num_gen_batches
+    - 1) x step_required_samples``, groups pass unfiltered until the next sync (one warning) instead of stalling the
+    trainer. 0: no cap."""
+
     # --- Parameters that control the engine --------------------------------------------------------------------
 
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
@@ -714,6 +729,7 @@ class RolloutConfig(_ConfigBase):
         c.integer("prompt_length", self.prompt_length, 1, "Give the maximum prompt tokens, e.g. 64.")
         c.real("temperature", self.temperature, "Use 1.0 for plain sampling or 0 for greedy.", low=0.0)
         c.real("top_p", self.top_p, "Use 1.0 to disable nucleus sampling.", low=0.0, high=1.0, low_open=True)
+        self._check_filter_groups(c)
         c.choice("dtype", self.dtype, DTYPES, "Use float32 on CPU for parity with transformers.")
         c.integer(
             "kv_cache_memory_bytes",
@@ -768,6 +784,31 @@ class RolloutConfig(_ConfigBase):
         )
         self._check_engine_fields(c)
         c.raise_if_any()
+
+    def _check_filter_groups(self, c: _Checker) -> None:
+        f = self.filter_groups
+        if isinstance(f, str):
+            where, _, attr = f.strip().rpartition(":")
+            if not where or not attr.isidentifier():
+                c.add(
+                    "filter_groups",
+                    "true, false or 'package.module:function' / 'path/to/file.py:function'",
+                    f,
+                    "Name the function after a colon, e.g. 'my_filters.py:keep_group'.",
+                )
+        elif not isinstance(f, bool):
+            c.add(
+                "filter_groups",
+                "true, false or 'package.module:function' / 'path/to/file.py:function'",
+                f,
+                "Use true (drop groups whose rewards are all equal) or a filter function's import path.",
+            )
+        c.integer(
+            "max_num_gen_batches",
+            self.max_num_gen_batches,
+            0,
+            "Use 0 (no cap) or a count of batches such as 10 (verl's default).",
+        )
 
     def engine_max_model_len(self) -> int:
         """The engines' ``max_model_len``: the field if set, else ``prompt_length + response_length + 8``."""

@@ -32,3 +32,11 @@ def test_the_reward_example_scores_a_chat_group_in_trls_convention() -> None:
     group = GroupRewardInput.from_prompt(0, chat, ["It is 4", "5"], [[1], [2]], {"answer": "4"})
     with RewardRunner([fn]) as runner:
         assert runner.score_group_sync(group).rewards == [1.0, 0.0]
+
+
+def test_the_dynamic_sampling_yaml_is_a_valid_rollout_config() -> None:
+    from lightning_hybrid_rollout.config import RolloutConfig
+
+    block = next(b.split("```", 1)[0] for b in DOC.split("```yaml\n")[1:] if "filter_groups" in b.split("```", 1)[0])
+    rollout = RolloutConfig.from_dict(yaml.safe_load(block)["trainer"]["callbacks"][0]["init_args"]["rollout"])
+    assert rollout.filter_groups is True and rollout.max_num_gen_batches == 10

@@ -199,6 +199,11 @@ class HybridRolloutCallback(Callback):
         self.cycles_done = 0
         self.samples_consumed = 0
         self.generated_offset = 0
+        #: Share of the last closed cycle's decoded tokens the group filter let into the queue (1.0 without a
+        #: filter): the per-role production the policies see is scaled by it, so their rates are accepted rates.
+        self._accepted_token_share = 1.0
+        #: Samples of the current step's batch (``train/samples``).
+        self._step_samples = 0
         #: Every switch since the run began, by kind: ``{"activate": {"count": n, "seconds": s}, "deactivate": ...}``
         #: (checkpointed; the console line's activations so far).
         self.switch_totals: dict[str, dict[str, float]] = {k: {"count": 0, "seconds": 0.0} for k in _SWITCH_KINDS}
@@ -577,6 +582,7 @@ class HybridRolloutCallback(Callback):
         rt.trace_phase("waiting", t0, t0 + waited, hybrid=hybrid_on)
         self._ledger.add_batch(waited, queue_before, len(samples), sum(s.response_length for s in samples))
         self.samples_consumed += len(samples)
+        self._step_samples = len(samples)
         return samples
 
     @override
@@ -590,7 +596,7 @@ class HybridRolloutCallback(Callback):
             self._runtime.probe_decode_progress()  # training ends (returns at once)
             self._runtime.trace_phase("training", step.start + step.fetch_s, self._clock())
             assert self._report is not None
-            self._report.log_step(pl_module, self.samples_consumed)
+            self._report.log_step(pl_module, self.samples_consumed, self._step_samples)
         if not self._is_cycle_end(trainer):
             self._end_step(trainer)
             return
@@ -617,6 +623,8 @@ class HybridRolloutCallback(Callback):
                 self._runtime.trace_phase("weight_sync", t_sync, self._clock(), target="standalone")
             self.call_log.append("sync_standalone")
             stats = self._runtime.new_param_version(self.param_version)
+            filtering = getattr(stats, "filtering", None)
+            self._accepted_token_share = filtering.accepted_token_share if filtering is not None else 1.0
             self.cycles_done += 1
             self._supervise(probe=False)  # one that died under the push; replacements up by now join
             end = self._after_sync(trainer, global_steps=self.cycles_done, prepared=prepared)
@@ -692,7 +700,11 @@ class HybridRolloutCallback(Callback):
             expected_samples=self.samples_consumed,
             queue_size=rt.queue_size(),
         )
-        production = None if window is None else ProductionByRole.from_roles(window.serving_s, window.decoded_tokens)
+        production = None
+        if window is not None:  # the tokens of dropped groups do not count: the policies see the accepted rate
+            share = self._accepted_token_share
+            accepted = {role: tokens * share for role, tokens in window.decoded_tokens.items()}
+            production = ProductionByRole.from_roles(window.serving_s, accepted)
         return self._ledger.context(totals, production)
 
     def _record_switch(self, kind: str, duration_s: float) -> None:

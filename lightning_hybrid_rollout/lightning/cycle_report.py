@@ -1,10 +1,12 @@
 """CycleReport: what the callback reports per training step and per sync cycle (global rank 0).
 
-- every step, through ``LightningModule.log``: ``rollout/mq_size_step``, ``train/prompts_skipped_too_long``,
-  ``train/samples_per_s`` and the reward functions' values (``train/rewards/<name>_mean``, ``train/reward_errors``);
+- every step, through ``LightningModule.log``: ``rollout/mq_size_step``, ``train/samples``,
+  ``train/prompts_skipped_too_long``, ``train/samples_per_s`` and the reward functions' values
+  (``train/rewards/<name>_mean``, ``train/reward_errors``);
 - every cycle: its end's measurements (:class:`~lightning_hybrid_rollout.schedule.cycle.CycleEnd`) closed in the
   :class:`~lightning_hybrid_rollout.schedule.cycle.CycleLedger`, the ``dynamic_resource/*`` values and
-  ``rollout/prefix_cache_hit_rate`` written once to the trainer's loggers, a trace counter, and every
+  ``rollout/prefix_cache_hit_rate`` (and, with ``rollout.filter_groups``, ``rollout/filtered_groups`` and
+  ``rollout/filtered_fraction``) written once to the trainer's loggers, a trace counter, and every
   ``summary_every_n_cycles`` cycles one console line.
 
 The callback builds one per fit (at ``on_train_start``) and passes its own counters to each call.
@@ -27,6 +29,12 @@ from lightning_hybrid_rollout.schedule.cycle import CycleEnd, CycleLedger
 
 #: Per cycle: cached prompt tokens over prompt tokens of the segments the replicas returned (vLLM's prefix cache).
 PREFIX_CACHE_HIT_RATE = "rollout/prefix_cache_hit_rate"
+#: Per cycle, with ``rollout.filter_groups``: groups the group filter dropped before the queue.
+FILTERED_GROUPS = "rollout/filtered_groups"
+#: Per cycle, with ``rollout.filter_groups``: dropped groups over finished (rewarded) groups.
+FILTERED_FRACTION = "rollout/filtered_fraction"
+#: Per step: samples in the step's batch (what the step trains on).
+TRAIN_SAMPLES = "train/samples"
 
 
 class CycleReport:
@@ -68,6 +76,7 @@ class CycleReport:
         self.has_hybrid = has_hybrid
         self.overlap = overlap
         self.fit_start = clock()
+        self._filtering: Any = None  # the group filter's window of the cycle being closed
 
     @property
     def hybrid_active(self) -> bool:
@@ -82,11 +91,13 @@ class CycleReport:
             name, float(value), on_step=True, on_epoch=False, rank_zero_only=True, prog_bar=prog_bar, batch_size=1
         )
 
-    def log_step(self, pl_module: LightningModule, samples_consumed: int) -> None:
-        """``rollout/mq_size_step``, ``train/prompts_skipped_too_long`` (a running count), ``train/samples_per_s``,
-        each reward function's mean over the samples scored since the last step (``train/rewards/<name>_mean``) and
-        ``train/reward_errors``."""
+    def log_step(self, pl_module: LightningModule, samples_consumed: int, step_samples: int | None = None) -> None:
+        """``rollout/mq_size_step``, ``train/samples`` (the step's batch), ``train/prompts_skipped_too_long`` (a
+        running count), ``train/samples_per_s``, each reward function's mean over the samples scored since the last
+        step (``train/rewards/<name>_mean``) and ``train/reward_errors``."""
         self._log(pl_module, "rollout/mq_size_step", float(self.runtime.queue_size()), prog_bar=False)
+        if step_samples is not None:
+            self._log(pl_module, TRAIN_SAMPLES, float(step_samples))
         self._log(pl_module, "train/prompts_skipped_too_long", float(self.runtime.prompts_skipped_too_long()))
         elapsed = self.clock() - self.fit_start
         if elapsed > 0:
@@ -110,6 +121,7 @@ class CycleReport:
             offload_s: The trainer's last offload (seconds).
             onload_s: Its last onload (seconds).
         """
+        self._filtering = getattr(stats, "filtering", None)
         saved_s: float | None = None
         if self.overlap is not None:
             saved_s = self.overlap.take_saved_s()
@@ -147,6 +159,9 @@ class CycleReport:
         values = self.ledger.close(end)
         values[M.REPLICA_RESTARTS] = float(self.runtime.replica_restarts())
         values[PREFIX_CACHE_HIT_RATE] = self.runtime.prefix_cache_hit_rate()
+        if self._filtering is not None and getattr(self.workload, "group_filter", None) is not None:
+            values[FILTERED_GROUPS] = float(self._filtering.filtered_groups)
+            values[FILTERED_FRACTION] = float(self._filtering.filtered_fraction)
         for logger in trainer.loggers:
             logger.log_metrics(values, step=trainer.fit_loop.epoch_loop._batches_that_stepped)
         for name in (M.MQ_SIZE, M.HYBRID_ACTIVE, M.RESOURCE_UTILIZATION):

@@ -42,6 +42,14 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+def refill_cap(max_num_gen_batches: int, step_required_samples: int) -> int | None:
+    """The samples the group filter may drop per sync cycle: ``(max_num_gen_batches - 1) x step_required_samples``
+    (``None``: no cap, for 0)."""
+    if max_num_gen_batches <= 0:
+        return None
+    return (max_num_gen_batches - 1) * step_required_samples
+
+
 class RuntimeQueries:
     """The narrow interface through which the callback reads and drives the rollout side's data plane.
 
@@ -85,8 +93,10 @@ class RuntimeQueries:
         return int(feed.skipped_too_long) if feed is not None else 0
 
     def generated_samples(self) -> int:
-        """Samples the rollouter completed since it started."""
-        return int(self.rollouter.counters().get("total_generated_samples", 0))
+        """Samples the rollouter completed since it started and the group filter did not drop (the accepted ones:
+        what the policies count)."""
+        counters = self.rollouter.counters()
+        return int(counters.get("total_generated_samples", 0)) - int(counters.get("total_filtered_samples", 0))
 
     def set_weight_version(self, version: int) -> None:
         """Samples generated from now on are stamped with ``version``."""
@@ -283,6 +293,8 @@ class RolloutRuntime(RuntimeQueries):
             max_required_samples=a.max_required_samples,
             concurrent_samples_per_replica=r.concurrent_samples_per_replica,
             partial_rollout=a.partial_rollout,
+            group_filter=w.group_filter,
+            max_filtered_samples=refill_cap(r.max_num_gen_batches, a.step_required_samples),
         )
         return self
 

@@ -8,6 +8,7 @@ docs/workloads.md.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,7 +17,8 @@ from typing import Any
 from lightning_hybrid_rollout.config import RolloutConfig
 from lightning_hybrid_rollout.errors import ConfigError
 from lightning_hybrid_rollout.rewards import GroupRewardInput, RewardConfig, RewardFunction, RewardRunner
-from lightning_hybrid_rollout.rewards.loading import load_reward_functions
+from lightning_hybrid_rollout.rewards.loading import load_reward_functions, resolve_import_path
+from lightning_hybrid_rollout.rollout.group_filter import GroupFilterFn, rewards_vary
 from lightning_hybrid_rollout.rollout.sample import Sample
 from lightning_hybrid_rollout.rollout.vllm.tokenizer_info import ensure_pad_token, stop_token_ids
 from lightning_hybrid_rollout.sources import (
@@ -155,6 +157,8 @@ class Workload:
         runner: The reward functions.
         tokenizer: The model's tokenizer.
         stop_token_ids: Every end token of the model (tokenizer and ``generation_config.json``).
+        group_filter: ``samples -> keep`` for the rollouter's dynamic sampling (``rollout.filter_groups``); None:
+            every group is trained on.
     """
 
     source: PromptSource
@@ -162,6 +166,7 @@ class Workload:
     runner: RewardRunner
     tokenizer: Any
     stop_token_ids: tuple[int, ...]
+    group_filter: GroupFilterFn | None = None
 
     def prompt_feed(self) -> PromptFeed:
         """The rollouter's prompt iterable (one per run: it reads the source)."""
@@ -202,6 +207,26 @@ def _reward_functions(rewards: RewardConfig, source: PromptSource, columns: list
     ]
 
 
+def load_group_filter(setting: bool | str) -> GroupFilterFn | None:
+    """The group filter ``rollout.filter_groups`` names: :func:`rewards_vary` for True, None for False, else the
+    callable at the import path (``"package.module:function"`` or ``"path/to/file.py:function"``).
+
+    Raises:
+        ConfigError: one line when the path does not import or does not name a callable.
+    """
+    if setting is True:
+        return rewards_vary
+    if not setting:
+        return None
+    fn = resolve_import_path(str(setting), kind="rollout.filter_groups", error=ConfigError)
+    if inspect.isclass(fn) or not callable(fn):
+        raise ConfigError(
+            f"rollout.filter_groups {setting!r} is not a function (it is {type(fn).__name__} {fn!r:.40}): point it "
+            "at a function samples -> bool (True keeps the group)"
+        )
+    return fn
+
+
 def build_workload(
     *,
     dataset: SourceSpec | None,
@@ -215,8 +240,8 @@ def build_workload(
 
     The data file is loaded and its rows checked, the prompts' lengths scanned against ``rollout.prompt_length``
     (every prompt too long is an error), the reward functions imported and their signatures checked against the
-    data set's columns, the stop tokens read from the tokenizer and ``generation_config.json``, and a pad token set
-    if the tokenizer has none.
+    data set's columns, the group filter (``rollout.filter_groups``) imported, the stop tokens read from the
+    tokenizer and ``generation_config.json``, and a pad token set if the tokenizer has none.
 
     Args:
         dataset: The ``dataset:`` config (a :class:`~lightning_hybrid_rollout.sources.DatasetConfig`, its mapping,
@@ -244,6 +269,7 @@ def build_workload(
     functions = _reward_functions(rewards, source, columns)
     ensure_pad_token(tokenizer)
     stops = stop_token_ids(rollout.model_path, tokenizer)
+    group_filter = load_group_filter(rollout.filter_groups)
     runner = RewardRunner(
         functions,
         workers=rewards.reward_workers,
@@ -252,7 +278,14 @@ def build_workload(
         on_error=rewards.reward_error,
     )
     log.debug("workload: source %r, rewards %s, stop tokens %s", source, [f.name for f in functions], stops)
-    return Workload(source=source, renderer=renderer, runner=runner, tokenizer=tokenizer, stop_token_ids=stops)
+    return Workload(
+        source=source,
+        renderer=renderer,
+        runner=runner,
+        tokenizer=tokenizer,
+        stop_token_ids=stops,
+        group_filter=group_filter,
+    )
 
 
 def load_workload(

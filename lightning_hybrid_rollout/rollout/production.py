@@ -18,6 +18,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from lightning_hybrid_rollout.rollout.engine import SamplingSpec
 from lightning_hybrid_rollout.rollout.flow_control import admits_group, in_flight_cap, staleness_after_reset
+from lightning_hybrid_rollout.rollout.group_filter import FilterWindow, GroupFilter
 from lightning_hybrid_rollout.rollout.load_balancer import LoadBalancer
 from lightning_hybrid_rollout.rollout.message_queue import MessageQueue
 from lightning_hybrid_rollout.rollout.partial_rollout import SampleGenerator
@@ -74,6 +75,7 @@ class ProductionLoop:
         no_replica_timeout_s: float | None,
         abort_timeout_s: float,
         name: str,
+        group_filter: GroupFilter | None = None,
     ) -> None:
         #: The prompt iterable itself: its position is checkpointed when it is a :class:`CheckpointablePrompts`.
         self._prompt_source = prompts
@@ -93,6 +95,8 @@ class ProductionLoop:
         self.abort_timeout_s = abort_timeout_s
         self.name = name
         self._clock = clock
+        #: Drops finished groups before the queue (dynamic sampling); their prompts are replaced by new ones.
+        self.group_filter = group_filter
 
         # counters (checkpointed)
         self.param_version = 0
@@ -101,6 +105,8 @@ class ProductionLoop:
         self.total_admitted_samples = 0
         self.total_generated_samples = 0
         self.total_delivered_samples = 0
+        self.total_filtered_groups = 0
+        self.total_filtered_samples = 0
         self.aborted_segments = 0
         self.retried_segments = 0
         self.dead_replica_retries = 0
@@ -140,8 +146,8 @@ class ProductionLoop:
 
     @property
     def outstanding_samples(self) -> int:
-        """Admitted samples not yet delivered to the queue."""
-        return self.total_admitted_samples - self.total_delivered_samples
+        """Admitted samples neither delivered to the queue nor dropped by the group filter."""
+        return self.total_admitted_samples - self.total_delivered_samples - self.total_filtered_samples
 
     def counters(self) -> dict[str, int]:
         """Monotonic counters (for logging under ``fully_async/rollouter/*``)."""
@@ -150,6 +156,8 @@ class ProductionLoop:
             "total_admitted_samples": self.total_admitted_samples,
             "total_generated_samples": self.total_generated_samples,
             "total_delivered_samples": self.total_delivered_samples,
+            "total_filtered_groups": self.total_filtered_groups,
+            "total_filtered_samples": self.total_filtered_samples,
             "aborted_segments": self.aborted_segments,
             "retried_segments": self.retried_segments,
             "dead_replica_retries": self.dead_replica_retries,
@@ -337,6 +345,9 @@ class ProductionLoop:
                 for sample, reward in zip(samples, rewards):
                     sample.reward = float(reward)
                 group.scored = True
+            if self.group_filter is not None and self.group_filter.drops(samples):
+                self._drop_group(group, samples)
+                return
             while True:
                 self._space.clear()
                 if queue.closed or self._stopping:
@@ -362,6 +373,17 @@ class ProductionLoop:
             len(samples),
             group.group_id,
         )
+
+    def _drop_group(self, group: PromptGroup, samples: list[Sample]) -> None:
+        """Drop a filtered group: its prompt stays consumed, and its samples leave the staleness budget so that a
+        new prompt is admitted in its place (the refill)."""
+        del self._groups[group.group_id]
+        n = len(samples)
+        self.total_filtered_groups += 1
+        self.total_filtered_samples += n
+        self.staleness_samples = max(0, self.staleness_samples - n)
+        log.debug("%s: group %s dropped by the group filter (%d samples)", self.name, group.group_id, n)
+        self._kick()
 
     # ================================================================== operations (the Rollouter's control methods)
 
@@ -389,6 +411,7 @@ class ProductionLoop:
             admitted_samples=self._window_admitted,
             staleness_samples=self.staleness_samples,
             param_version=self.param_version,
+            filtering=self.group_filter.close_window() if self.group_filter is not None else FilterWindow(),
         )
         if self._loop is not None and self._started:
             self._record()

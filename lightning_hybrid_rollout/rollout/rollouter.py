@@ -18,6 +18,7 @@ from lightning_hybrid_rollout.errors import RolloutError as RolloutError  # re-e
 from lightning_hybrid_rollout.rollout.drain import DrainReport
 from lightning_hybrid_rollout.rollout.engine import SamplingSpec
 from lightning_hybrid_rollout.rollout.event_loop import EventLoopThread
+from lightning_hybrid_rollout.rollout.group_filter import GroupFilter, GroupFilterFn
 from lightning_hybrid_rollout.rollout.load_balancer import LoadBalancer, ReplicaLike
 from lightning_hybrid_rollout.rollout.message_queue import MessageQueue
 from lightning_hybrid_rollout.rollout.production import GroupScorer, ProductionLoop
@@ -56,6 +57,11 @@ class Rollouter(ProductionLoop):
             the rollouter fails (``None``: forever). Removed/paused replicas are waited for without a timeout.
         abort_timeout_s: How long abort/pause/rebalance wait for aborted requests to come back.
         name: Thread name and log prefix.
+        group_filter: ``samples -> keep``, called on each finished, rewarded group before it is delivered (e.g.
+            :func:`~lightning_hybrid_rollout.rollout.group_filter.rewards_vary`): a dropped group never reaches the
+            queue and a new prompt is admitted in its place (dynamic sampling). ``None``: every group is delivered.
+        max_filtered_samples: Most samples the filter drops per parameter version; past it groups pass unfiltered,
+            with one warning per version (``None``: no cap).
 
     Example::
 
@@ -87,6 +93,8 @@ class Rollouter(ProductionLoop):
         no_replica_timeout_s: float | None = 600.0,
         abort_timeout_s: float = 60.0,
         name: str = "rollouter",
+        group_filter: GroupFilterFn | None = None,
+        max_filtered_samples: int | None = None,
     ) -> None:
         max_required = message_queue.maxsize if max_required_samples is None else max_required_samples
         if n_samples_per_prompt < 1:
@@ -101,6 +109,10 @@ class Rollouter(ProductionLoop):
                 f"message queue maxsize ({message_queue.maxsize}) must be >= n_samples_per_prompt "
                 f"({n_samples_per_prompt}): groups are put whole"
             )
+        if max_filtered_samples is not None and max_filtered_samples < 0:
+            raise ValueError(f"max_filtered_samples must be >= 0 or None (no cap), got {max_filtered_samples}")
+        if group_filter is not None and not callable(group_filter):
+            raise ValueError(f"group_filter must be a callable samples -> keep, got {group_filter!r}")
         if concurrent_samples_per_replica < 1:
             raise ValueError(f"concurrent_samples_per_replica must be >= 1, got {concurrent_samples_per_replica}")
         if sampling.max_tokens < 1:
@@ -121,6 +133,7 @@ class Rollouter(ProductionLoop):
             no_replica_timeout_s=no_replica_timeout_s,
             abort_timeout_s=abort_timeout_s,
             name=name,
+            group_filter=None if group_filter is None else GroupFilter(group_filter, max_filtered_samples, name),
         )
         self._thread: threading.Thread | None = None
         self._loop_thread: EventLoopThread | None = None

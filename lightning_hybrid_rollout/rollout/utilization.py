@@ -4,7 +4,9 @@ parameter version, returned in a :class:`RolloutStepStats` by ``Rollouter.reset_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from lightning_hybrid_rollout.rollout.group_filter import FilterWindow
 
 HistoryPoint = tuple[float, int, int]
 
@@ -20,6 +22,7 @@ class RolloutStepStats:
         admitted_samples: Samples admitted (staleness budget spent) in the window.
         staleness_samples: The staleness counter after the reset (outstanding + queue size).
         param_version: Weight version current when the window closed.
+        filtering: The group filter's counts in the window (all 0 without a filter).
     """
 
     history: list[HistoryPoint]
@@ -27,6 +30,7 @@ class RolloutStepStats:
     admitted_samples: int
     staleness_samples: int
     param_version: int
+    filtering: FilterWindow = field(default_factory=FilterWindow)
 
 
 class UtilizationHistory:

@@ -7,7 +7,9 @@ out of the pytest process). Spec keys: ``out`` (report path), ``root`` (run dir)
 ``overlap_sync``, ``early_first_sync``, ``staged``, ``enable_rebalance``, ``staleness``, ``ratio``, ``kill``
 (``[{"step": 3, "replica": "hybrid-0", "how": "kill" | "stop"}, ...]``: ``kill -9`` / ``kill -STOP`` that replica's
 actor at the end of that step, once earlier replacements joined), ``sync_mode``, ``response_length``, ``settle``
-(a step at whose end the run waits until every replacement joined), ``max_restarts``, ``health_timeout``.
+(a step at whose end the run waits until every replacement joined), ``max_restarts``, ``health_timeout``,
+``filter_groups`` (``rollout.filter_groups``), ``reward_funcs``, ``module_filter_groups`` (``GRPOModule``'s),
+``record_prompts`` (the prompt index of every trained sample, in ``trained_prompts``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,26 @@ def kill_replica(replica_id: str, how: str = "kill") -> dict[str, Any]:
     raise AssertionError(f"no live actor for replica {replica_id}")
 
 
+class RecordingDataModule(RolloutDataModule):
+    """Records the prompt index of every sample a step takes (rank 0)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trained_prompts: list[int] = []
+
+    def attach_source(self, source: Any) -> None:
+        def recorded() -> Any:
+            samples = source()
+            self.trained_prompts.extend(int(s.metadata["lhr_prompt"]["index"]) for s in samples or [])
+            return samples
+
+        super().attach_source(recorded)
+
+
+def prompt_index(sample_or_group: dict[str, Any]) -> int:
+    return int(sample_or_group["metadata"]["lhr_prompt"]["index"])
+
+
 class Recorder(Callback):
     """Snapshots what the tests assert on (rank 0)."""
 
@@ -62,6 +84,7 @@ class Recorder(Callback):
         self._standalone_reports = rt.standalone_sync_reports  # likewise
         self.supervisor_events = rt.supervisor.events  # likewise
         self.decode_probe = rt._decode_probe  # its counts, read after the fit
+        self.group_filter = self.cb._workload.group_filter  # its module's records, read after the fit
         self.report["restored"] = {
             "param_version": self.cb.param_version,
             "cycles_done": self.cb.cycles_done,
@@ -110,6 +133,9 @@ class Recorder(Callback):
             "queue_uids": sorted(s["uid"] for s in state["rollouter"]["message_queue"].get("samples", [])),
             "pending_uids": sorted(s["uid"] for g in state["rollouter"]["pending_groups"] for s in g["samples"]),
             "prompts": state["rollouter"].get("prompts"),
+            "counters": state["rollouter"]["counters"],
+            "queue_prompts": [prompt_index(s) for s in state["rollouter"]["message_queue"].get("samples", [])],
+            "pending_prompts": [prompt_index(g) for g in state["rollouter"]["pending_groups"]],
         }
 
 
@@ -123,6 +149,7 @@ def main(spec_path: str) -> None:
             hybrid_replicas=spec.get("hybrid", 1),
             n=spec.get("n", 4),
             response_length=spec.get("response_length", 4),
+            filter_groups=spec.get("filter_groups", False),
             prompt_length=16,
             concurrent_samples_per_replica=32,
             kv_cache_memory_bytes=32 * 2**20,
@@ -143,6 +170,7 @@ def main(spec_path: str) -> None:
             dynamic_schedule_enable_rebalance=spec.get("enable_rebalance", True),
         ),
         task="arithmetic",
+        reward_funcs=spec.get("reward_funcs"),
         build_model=True,
         run_dir=str(root),
     )
@@ -168,10 +196,11 @@ def main(spec_path: str) -> None:
         enable_checkpointing=bool(spec.get("save_every")),
         default_root_dir=str(root),
     )
-    module = GRPOModule(model_path=spec["model_dir"], lr=3e-4)
+    module = GRPOModule(model_path=spec["model_dir"], lr=3e-4, filter_groups=spec.get("module_filter_groups", False))
+    datamodule = RecordingDataModule() if spec.get("record_prompts") else RolloutDataModule()
     error: BaseException | None = None
     try:
-        trainer.fit(module, datamodule=RolloutDataModule(), ckpt_path=spec.get("ckpt_path"))
+        trainer.fit(module, datamodule=datamodule, ckpt_path=spec.get("ckpt_path"))
     except Exception as err:  # reported (a test may expect it), then the run fails
         error = err
     if trainer.is_global_zero:
@@ -191,6 +220,8 @@ def main(spec_path: str) -> None:
             decode_probe={k: getattr(recorder.decode_probe, k, None) for k in ("sent", "written", "skipped", "failed")},
             global_step=trainer.global_step,
             world_size=trainer.world_size,
+            trained_prompts=getattr(datamodule, "trained_prompts", None),
+            dropped_prompts=getattr(getattr(recorder, "group_filter", None), "__globals__", {}).get("DROPPED"),
         )
         if spec.get("wandb"):
             run = loggers[1].experiment

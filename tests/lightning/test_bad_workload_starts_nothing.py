@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from lightning_hybrid_rollout.config import RolloutConfig
-from lightning_hybrid_rollout.errors import DatasetError, HybridRolloutError, RewardFunctionError
+from lightning_hybrid_rollout.errors import ConfigError, DatasetError, HybridRolloutError, RewardFunctionError
 from lightning_hybrid_rollout.lightning.callback import HybridRolloutCallback
 from lightning_hybrid_rollout.lightning.data import RolloutDataModule
 from lightning_hybrid_rollout.lightning.module import GRPOModule
@@ -56,8 +56,9 @@ def write_text(path: Path, text: str) -> str:
     return str(path)
 
 
-#: A case builds, in the test's (current) directory, the callback's ``dataset`` and ``reward_funcs`` arguments.
-Inputs = tuple[dict[str, Any], list[str]]
+#: A case builds, in the test's (current) directory, the callback's ``dataset`` and ``reward_funcs`` arguments (and,
+#: optionally, ``rollout`` settings).
+Inputs = tuple[dict[str, Any], list[str]] | tuple[dict[str, Any], list[str], dict[str, Any]]
 CASES: dict[str, tuple[Callable[[Path], Inputs], type[HybridRolloutError], list[str]]] = {
     "missing_data_file": (
         lambda d: ({"path": str(d / "nope.jsonl")}, ["exact_match"]),
@@ -124,6 +125,20 @@ CASES: dict[str, tuple[Callable[[Path], Inputs], type[HybridRolloutError], list[
             "columns (answer); give it a default, rename it after a column, or take it from **kwargs",
         ],
     ),
+    "group_filter_module_does_not_import": (
+        lambda d: ({"path": write_jsonl(d / "ok.jsonl", GOOD_ROWS)}, ["exact_match"], {"filter_groups": "nope:keep"}),
+        ConfigError,
+        ["rollout.filter_groups 'nope:keep'", "module 'nope' does not import: ModuleNotFoundError"],
+    ),
+    "group_filter_not_callable": (
+        lambda d: (
+            {"path": write_jsonl(d / "ok.jsonl", GOOD_ROWS)},
+            ["exact_match"],
+            {"filter_groups": write_text(d / "filters.py", "keep = 3\n") + ":keep"},
+        ),
+        ConfigError,
+        ["filters.py:keep' is not a function (it is int 3)", "point it at a function samples -> bool"],
+    ),
 }
 
 
@@ -156,7 +171,7 @@ def test_a_bad_workload_stops_the_fit_with_one_line_and_starts_nothing(
 ) -> None:
     make_inputs, error_type, fragments = CASES[case]
     monkeypatch.chdir(tmp_path)  # relative reward paths are read from here
-    dataset, reward_funcs = make_inputs(tmp_path)
+    dataset, reward_funcs, *rollout_settings = make_inputs(tmp_path)
     ray_starts: list[str] = []
 
     def spy_start(self: RayRuntime) -> RayRuntime:
@@ -170,7 +185,7 @@ def test_a_bad_workload_stops_the_fit_with_one_line_and_starts_nothing(
     run_dir = tmp_path / "run"
 
     callback = HybridRolloutCallback(
-        RolloutConfig(model_path=str(model_dir), n=2, prompt_length=32, response_length=4),
+        RolloutConfig(model_path=str(model_dir), n=2, prompt_length=32, response_length=4, **dict(*rollout_settings)),
         dataset=dataset,
         reward_funcs=reward_funcs,
         run_dir=str(run_dir),

@@ -71,7 +71,11 @@ class _FakeRuntime(RuntimeQueries):
     """What the callback touches of ``RolloutRuntime``; the standalone sync takes ``sync_s`` and is announced."""
 
     def __init__(
-        self, a: AsyncTrainingConfig, sync_s: float = 0.05, standalone_latency: tuple[float, float] = (0.0005, 0.001)
+        self,
+        a: AsyncTrainingConfig,
+        sync_s: float = 0.05,
+        standalone_latency: tuple[float, float] = (0.0005, 0.001),
+        group_filter: Any = None,
     ) -> None:
         self.standalone = [FakeReplica("standalone-0", token_latency=standalone_latency, seed=1)]
         self.hybrid = [FakeReplica("hybrid-0", role="hybrid", token_latency=(0.0005, 0.001), seed=2)]
@@ -86,6 +90,7 @@ class _FakeRuntime(RuntimeQueries):
             replicas=self.standalone,
             max_required_samples=a.max_required_samples,
             concurrent_samples_per_replica=4,
+            group_filter=group_filter,
         )
         self.pool = _Pool(self)
         self.sync_s = sync_s
@@ -140,7 +145,8 @@ def run_cycles(policy: str, cycles: int = 3, ratio: float = 0.3, **runtime: Any)
 
     def recording(global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> bool:
         forecast = getattr(cb.policy, "forecast", lambda c: None)(ctx)
-        seen.append({"step": global_steps, "ctx": copy.deepcopy(ctx), "forecast": forecast})
+        share = cb._accepted_token_share
+        seen.append({"step": global_steps, "ctx": copy.deepcopy(ctx), "forecast": forecast, "share": share})
         return original(global_steps, is_hybrid_active, ctx)
 
     cb.policy.should_activate_after_step = recording  # type: ignore[method-assign]
@@ -236,6 +242,26 @@ def test_hybrid_and_deactivate_wait_are_measured_when_the_hybrid_replica_helps()
     assert ctx.hybrid_decoded_tokens > 0 and ctx.hybrid_serving_s > 0
     assert ctx.deactivate_wait_s > 0 and ctx.deactivate_wait_samples > 0
     assert ctx.standalone_decoded_tokens > 0
+
+
+def test_with_a_group_filter_the_policy_sees_accepted_samples_and_tokens_only() -> None:
+    """Half the prompts are dropped by the group filter: the batches hold kept prompts only, the context's sample
+    count is the accepted one and its decoded tokens are the cycle's scaled by the accepted share."""
+
+    def keep(samples: Any) -> bool:
+        return int(samples[0].prompt[1:]) % 2 == 0
+
+    run = run_cycles("rate_matched", group_filter=keep)
+    rt, seen, windows, batches = run["rt"], run["seen"], run["windows"], run["batches"]
+    assert all(keep([s]) for b in batches for s in b)
+    counters = rt.rollouter.counters()
+    assert counters["total_filtered_samples"] > 0
+    assert rt.generated_samples() == counters["total_generated_samples"] - counters["total_filtered_samples"]
+    for k, window in enumerate(windows[2:], start=1):
+        ctx, share = seen[k]["ctx"], seen[k]["share"]
+        assert 0.0 < share < 1.0
+        assert ctx.standalone_decoded_tokens == pytest.approx(window.decoded_tokens["standalone"] * share)
+        assert ctx.total_generated_samples <= counters["total_generated_samples"] - counters["total_filtered_samples"]
 
 
 BASE = {

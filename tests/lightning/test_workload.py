@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from lightning_hybrid_rollout.lightning.workload import PROMPT_KEY, PromptFeed, group_reward_input
+import pytest
+
+from lightning_hybrid_rollout.errors import ConfigError
+from lightning_hybrid_rollout.lightning.workload import PROMPT_KEY, PromptFeed, group_reward_input, load_group_filter
+from lightning_hybrid_rollout.rollout.group_filter import rewards_vary
 from lightning_hybrid_rollout.rollout.sample import Sample
 from lightning_hybrid_rollout.sources import PromptRenderer, TaskSource
 
@@ -60,3 +65,35 @@ def test_the_feed_skips_too_long_prompts_and_continues_from_its_state():
     resumed.load_state_dict(state)
     assert resumed.skipped_too_long == state["skipped_too_long"]
     assert [item[PROMPT_KEY]["index"] for _, item in zip(range(4), resumed)] == uninterrupted
+
+
+def test_filter_groups_true_is_the_reward_variance_rule_and_false_is_none():
+    assert load_group_filter(True) is rewards_vary and load_group_filter(False) is None
+
+
+def test_a_user_group_filter_is_loaded_from_its_file_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_filters.py").write_text(
+        "def short_enough(samples):\n    return all(s.response_length <= 6 for s in samples)\n"
+    )
+    keep = load_group_filter("my_filters.py:short_enough")
+    meta = {PROMPT_KEY: {"index": 0, "epoch": 0, "messages": None}}
+    assert keep([sample("a", "", meta)])  # 5 tokens: the end token and "junk"
+    assert not keep([sample("b", "12345", meta)])
+
+
+@pytest.mark.parametrize(
+    ("path", "fragment"),
+    [
+        ("no_such_module:keep", "module 'no_such_module' does not import: ModuleNotFoundError"),
+        ("missing.py:keep", "missing.py' not found"),
+        ("math:pi", "'math:pi' is not a function (it is float 3.14"),
+        ("math:no_such_name", "'math' has no attribute 'no_such_name'"),
+    ],
+)
+def test_a_bad_group_filter_path_is_one_line(path: str, fragment: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        load_group_filter(path)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"rollout.filter_groups {path!r}") and fragment in message
