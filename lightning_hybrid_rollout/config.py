@@ -685,6 +685,19 @@ class RolloutConfig(_ConfigBase):
     ``cuda_ipc`` for a hybrid replica on the trainer's GPU and ``collective`` otherwise. Every sync is verified by
     checksum; a named transport never falls back to another."""
 
+    lora_sync: Literal["adapter", "merged"] = "adapter"
+    """With a LoRA policy (``GRPOModule(peft=...)``), what each weight sync sends. ``adapter``: the adapter's
+    ``lora_A`` / ``lora_B`` tensors only; the engines start with vLLM's LoRA on (``max_lora_rank`` from
+    ``peft.r``), keep the base they loaded at start, and serve every request admitted after a sync with the new
+    adapter. ``merged``: the full merged weights ``W + B @ A * scaling`` under the base names, to plain engines.
+    Without ``peft`` every sync is a full one and this is ignored (docs/lora.md)."""
+
+    lora_keep_base: bool = True
+    """With ``lora_sync: adapter``, on GPU: a hybrid replica's deactivation releases its KV cache only and keeps the
+    base weights on the device, so its activation costs the adapter push alone; false: vLLM's level-1 sleep (the
+    weights go to host memory and are copied back at the wake). CPU engines never sleep (they park and keep
+    everything), so there it changes nothing (docs/lora.md)."""
+
     # --- Parameters that control placement and failures --------------------------------------------------------
 
     standalone_resource: str | None = None
@@ -753,6 +766,13 @@ class RolloutConfig(_ConfigBase):
             WEIGHT_TRANSPORTS,
             "Use 'auto' (chosen per replica by placement) unless you need one transport for every replica.",
         )
+        c.choice(
+            "lora_sync",
+            self.lora_sync,
+            ("adapter", "merged"),
+            "Use 'adapter' (send only the LoRA adapter) or 'merged' (send the merged full weights).",
+        )
+        c.boolean("lora_keep_base", self.lora_keep_base)
         c.integer("seed", self.seed, 0, "Use a non-negative integer.")
         if self.standalone_resource is not None and (
             not isinstance(self.standalone_resource, str) or not self.standalone_resource

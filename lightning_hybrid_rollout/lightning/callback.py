@@ -29,7 +29,7 @@ from lightning_hybrid_rollout.config import (
 )
 from lightning_hybrid_rollout.errors import ReplicaFailureError
 from lightning_hybrid_rollout.lightning.cycle_report import CycleReport
-from lightning_hybrid_rollout.lightning.lora import check_lora_targets
+from lightning_hybrid_rollout.lightning.lora import check_adapter_sync, check_lora_targets, engine_lora_config
 from lightning_hybrid_rollout.lightning.overlap import OverlapSync
 from lightning_hybrid_rollout.lightning.placement import rank_node_ips
 from lightning_hybrid_rollout.lightning.recent import RecentList
@@ -217,6 +217,8 @@ class HybridRolloutCallback(Callback):
         )
         #: Offload/onload, the weight gather, the rank protocol (every rank); the hybrid pool's ``TrainerLink``.
         self._trainer_side = TrainerSide(self.call_log, weight_version=lambda: self.param_version)
+        #: The adapter's engine fields when syncs send the LoRA adapter alone (set in setup), else None.
+        self._engine_lora: dict[str, Any] | None = None
         self.last_cycle_metrics: dict[str, float] = {}
         #: The clock every cycle measurement is read from (``time.monotonic``; a test may give a virtual one).
         self._clock: Callable[[], float] = time.monotonic
@@ -301,6 +303,10 @@ class HybridRolloutCallback(Callback):
             lora_config = getattr(pl_module, "lora_config", None)
             if lora_config is not None:  # the adapter's target_modules against the model, before Ray (every rank)
                 check_lora_targets(lora_config, self.rollout.model_path)
+                if self.rollout.lora_sync == "adapter":  # syncs send the adapter alone to LoRA engines
+                    check_adapter_sync(lora_config)
+                    self._trainer_side.adapter_only = True
+                    self._engine_lora = engine_lora_config(lora_config)
         # the data set, the prompts' lengths and the reward functions are checked before Ray starts (every rank:
         # each one answers its share of the held-out prompts)
         self._workload = load_workload(
@@ -344,6 +350,7 @@ class HybridRolloutCallback(Callback):
             trainer=self._trainer_side,
         )
         self._runtime.hybrid_node_ips = node_ips
+        self._runtime.lora = self._engine_lora
         self._runtime.start()
         self._controller = self._build_controller(self._runtime.pool)
 
@@ -393,6 +400,7 @@ class HybridRolloutCallback(Callback):
                 self._after_sync(trainer, global_steps=0)
             ranks.close()
             self._runtime.pool.take_cycle_sync_s()  # a start-up push belongs to no cycle's weight_sync_time_s
+            self._runtime.take_cycle_sync_bytes()  # nor to its weight_sync_bytes
         else:
             ranks.follow()
         self._pending_state = None

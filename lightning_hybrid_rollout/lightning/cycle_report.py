@@ -29,6 +29,9 @@ from lightning_hybrid_rollout.schedule.cycle import CycleEnd, CycleLedger
 
 #: Per cycle: cached prompt tokens over prompt tokens of the segments the replicas returned (vLLM's prefix cache).
 PREFIX_CACHE_HIT_RATE = "rollout/prefix_cache_hit_rate"
+#: Per cycle: payload bytes of the weight pushes, one copy per push (full weights, or the LoRA adapter alone with
+#: ``rollout.lora_sync: adapter``); the runtime's only, the simulator moves no bytes.
+WEIGHT_SYNC_BYTES = "dynamic_resource/weight_sync_bytes"
 #: Per cycle, with ``rollout.filter_groups``: groups the group filter dropped before the queue.
 FILTERED_GROUPS = "rollout/filtered_groups"
 #: Per cycle, with ``rollout.filter_groups``: dropped groups over finished (rewarded) groups.
@@ -159,6 +162,7 @@ class CycleReport:
         values = self.ledger.close(end)
         values[M.REPLICA_RESTARTS] = float(self.runtime.replica_restarts())
         values[PREFIX_CACHE_HIT_RATE] = self.runtime.prefix_cache_hit_rate()
+        values[WEIGHT_SYNC_BYTES] = float(self.runtime.take_cycle_sync_bytes())
         if self._filtering is not None and getattr(self.workload, "group_filter", None) is not None:
             values[FILTERED_GROUPS] = float(self._filtering.filtered_groups)
             values[FILTERED_FRACTION] = float(self._filtering.filtered_fraction)

@@ -26,8 +26,11 @@ if TYPE_CHECKING:
 __all__ = [
     "VLLM_LORA_RANKS",
     "WeightGroup",
+    "adapter_groups",
     "adapter_state_dict",
+    "check_adapter_sync",
     "check_lora_targets",
+    "engine_lora_config",
     "inject_lora",
     "is_lora_model",
     "lora_config_from",
@@ -260,6 +263,60 @@ def _lora_layers(model: nn.Module, clean: Callable[[str], str]) -> dict[str, tup
         for name, module in model.named_modules()
         if isinstance(module, LoraLayer) and _ADAPTER in module.lora_A
     }
+
+
+def adapter_groups(
+    model: nn.Module, entries: Iterable[tuple[str, Tensor]], clean: Callable[[str], str] = str
+) -> list[WeightGroup]:
+    """The adapter's tensors only, in ``entries`` order, each under PEFT's saved name
+    (``base_model.model.<module>.lora_A.weight``: what vLLM's ``LoRAModel.from_lora_tensors`` parses).
+
+    Args:
+        model: The policy model with its LoRA layers.
+        entries: Its state dict's ``(name, tensor)`` pairs, their names passed through ``clean``.
+        clean: What was done to the entries' names (kept for the signature of :func:`weight_groups`).
+
+    Raises:
+        RuntimeError: ``model`` has no LoRA layers (an adapter-only sync has nothing to send).
+    """
+    if not is_lora_model(model):
+        raise RuntimeError("an adapter-only weight sync needs a LoRA policy (GRPOModule(peft=...)); this one has none")
+    groups = []
+    for name, tensor in entries:
+        if _is_lora_name(name):
+            peft_name = name.replace(f".lora_A.{_ADAPTER}.", ".lora_A.").replace(f".lora_B.{_ADAPTER}.", ".lora_B.")
+            groups.append(WeightGroup(f"base_model.model.{peft_name}", [(name, tensor)]))
+    return groups
+
+
+def engine_lora_config(config: LoraConfig) -> dict[str, Any]:
+    """What a vLLM engine needs of the adapter to build it from tensors (vLLM's ``PEFTHelper`` fields), plain
+    JSON-able values: ``r``, ``lora_alpha``, ``target_modules``, ``use_rslora``, ``rank_pattern``,
+    ``alpha_pattern``, ``bias``; and ``max_lora_rank``: the smallest of :data:`VLLM_LORA_RANKS` that holds it."""
+    targets = config.target_modules
+    targets = sorted(targets) if isinstance(targets, (set, frozenset, list, tuple)) else (targets or [])
+    rank = max([int(config.r), *(int(v) for v in (config.rank_pattern or {}).values())])
+    return {
+        "r": int(config.r),
+        "lora_alpha": float(config.lora_alpha),
+        "target_modules": targets,
+        "use_rslora": bool(config.use_rslora),
+        "rank_pattern": dict(config.rank_pattern or {}),
+        "alpha_pattern": dict(config.alpha_pattern or {}),
+        "bias": str(config.bias),
+        "max_lora_rank": next(r for r in VLLM_LORA_RANKS if r >= rank),
+    }
+
+
+def check_adapter_sync(config: LoraConfig, key: str = "rollout.lora_sync") -> None:
+    """One :class:`ConfigError` line if the adapter cannot be sent alone to vLLM (``rollout.lora_sync: adapter``):
+    vLLM's LoRA has no adapter biases, so an adapter that trains biases (``bias: all`` / ``lora_only``) must be
+    merged."""
+    if str(config.bias) != "none":
+        raise ConfigError(
+            f"{key}='adapter' cannot send trained biases (peft.bias={config.bias!r}): vLLM's LoRA has no adapter "
+            "bias. Use peft.bias: none, or rollout.lora_sync: merged."
+        )
 
 
 def merged_state_dict(model: nn.Module) -> dict[str, Tensor]:

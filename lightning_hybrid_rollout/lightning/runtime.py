@@ -63,6 +63,14 @@ class RuntimeQueries:
     #: The last taken window's prefix-cache hit rate (:meth:`prefix_cache_hit_rate`).
     _prefix_cache_hit_rate: float = 0.0
 
+    _cycle_sync_bytes: int = 0
+
+    def take_cycle_sync_bytes(self) -> int:
+        """Payload bytes of the weight pushes since the last call, one copy per push (a cycle's
+        ``dynamic_resource/weight_sync_bytes``; full weights or the LoRA adapter alone)."""
+        taken, self._cycle_sync_bytes = self._cycle_sync_bytes, 0
+        return taken
+
     def queue_size(self) -> int:
         """Samples buffered now."""
         return int(self.queue.size())
@@ -173,6 +181,10 @@ class RolloutRuntime(RuntimeQueries):
         #: Each trainer rank's node address when the ranks span several hosts (hybrid replica ``i`` goes to rank
         #: ``i``'s node); None: every hybrid replica on this process's node. Set before :meth:`start`.
         self.hybrid_node_ips: list[str] | None = None
+        #: The LoRA adapter's engine fields when weight syncs send the adapter alone (``rollout.lora_sync: adapter``,
+        #: :func:`~lightning_hybrid_rollout.lightning.lora.engine_lora_config`): the engines start with LoRA on. Set
+        #: before :meth:`start`; None: plain engines, full-weight syncs.
+        self.lora: dict[str, Any] | None = None
         self.run_dir = Path(run_dir)
         self.trainer: TrainerLink = trainer if trainer is not None else NoTrainer()
         self.queue = MessageQueue(maxsize=async_training.max_required_samples)
@@ -214,16 +226,16 @@ class RolloutRuntime(RuntimeQueries):
     def _engine_config(self) -> Any:
         from lightning_hybrid_rollout.rollout.vllm.config import engine_config_from_rollout
 
-        return engine_config_from_rollout(self.rollout, self.run_dir / "vllm")
+        return engine_config_from_rollout(self.rollout, self.run_dir / "vllm", lora=self.lora)
 
     def check_engine_args(self) -> None:
         """vLLM's own check of the engines' arguments, before any replica starts, when the run sets any beyond
         the defaults (``engine_kwargs``, ``max_model_len``, ``enable_prefix_caching``, ``tensor_parallel_size``):
         importing vLLM in the trainer process costs seconds, and the typed fields are checked by the config."""
         r = self.rollout
-        if not (r.engine_kwargs or r.max_model_len is not None or r.enable_prefix_caching is not None) and (
-            r.tensor_parallel_size == 1
-        ):
+        if not (
+            r.engine_kwargs or r.max_model_len is not None or r.enable_prefix_caching is not None or self.lora
+        ) and (r.tensor_parallel_size == 1):
             return
         from lightning_hybrid_rollout.rollout.vllm.config import engine_kwargs_for
         from lightning_hybrid_rollout.rollout.vllm.engine_args import check_engine_args
@@ -474,6 +486,8 @@ class RolloutRuntime(RuntimeQueries):
             # the replicas that died under the push leave at the next supervise(); the others hold `version`
             log.warning("weight sync v%d: replica(s) %s died during the push; the others took it", version, dead)
             report = err.report
+        if report is not None:
+            self._cycle_sync_bytes += int(report.bytes)
         return report, time.monotonic() - t0
 
     def push(self, weights: list[tuple[str, Any]], replicas: Sequence[Any], version: int) -> float:

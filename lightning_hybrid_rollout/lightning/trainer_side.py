@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from lightning_hybrid_rollout.lightning.lora import merged_state_dict
+from lightning_hybrid_rollout.lightning.lora import adapter_groups, merged_state_dict
 from lightning_hybrid_rollout.lightning.rank_protocol import BoundaryProtocol
 
 if TYPE_CHECKING:
@@ -81,6 +81,8 @@ class TrainerSide:
         self.weights: list[tuple[str, torch.Tensor]] | None = None
         #: Seconds of the last offload and the last onload of this rank's training state.
         self.last_offload_s = self.last_onload_s = 0.0
+        #: Gather only the LoRA adapter's tensors (``rollout.lora_sync: adapter``; set by the callback's setup).
+        self.adapter_only = False
 
     def start_fit(self, trainer: Trainer) -> BoundaryProtocol:
         """At ``on_train_start`` (every rank): the fit's rank protocol, over this trainer's strategy."""
@@ -125,11 +127,19 @@ class TrainerSide:
         self.weights = None  # the previous cycle's (kept for a replacement replica): released before the gather
         items: list[tuple[str, torch.Tensor]] = []
         if hasattr(strategy, "iter_full_weights"):
-            for bucket in strategy.iter_full_weights(rank_zero_only=True):  # weights.format.DEFAULT_BUCKET_BYTES
+            # weights.format.DEFAULT_BUCKET_BYTES; the adapter alone with rollout.lora_sync: adapter
+            for bucket in strategy.iter_full_weights(rank_zero_only=True, adapter_only=self.adapter_only):
                 items.extend(bucket)
         else:
             model = getattr(trainer.lightning_module, "policy_model", trainer.lightning_module)
-            items = list(merged_state_dict(model).items())  # a LoRA policy's merged weights (lightning/lora.py)
+            if self.adapter_only:
+                items = [
+                    (g.name, t.detach().to("cpu").clone())
+                    for g in adapter_groups(model, model.state_dict().items())
+                    for _, t in g.parts
+                ]
+            else:
+                items = list(merged_state_dict(model).items())  # a LoRA policy's merged weights (lightning/lora.py)
         self.weights = items if trainer.is_global_zero else None
 
     # ------------------------------------------------------------------------- TrainerLink (the hybrid pool's)

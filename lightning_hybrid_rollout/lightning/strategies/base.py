@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from lightning_hybrid_rollout.lightning.lora import WeightGroup, weight_groups
+from lightning_hybrid_rollout.lightning.lora import WeightGroup, adapter_groups, weight_groups
 from lightning_hybrid_rollout.rollout.weights.format import DEFAULT_BUCKET_BYTES as DEFAULT_BUCKET_BYTES
 
 if TYPE_CHECKING:
@@ -205,7 +205,7 @@ class HybridStrategyMixin:
         return elapsed
 
     def iter_full_weights(
-        self, bucket_bytes: int = DEFAULT_BUCKET_BYTES, *, rank_zero_only: bool = False
+        self, bucket_bytes: int = DEFAULT_BUCKET_BYTES, *, rank_zero_only: bool = False, adapter_only: bool = False
     ) -> Iterator[WeightBucket]:
         """Stream the full, unsharded weights of :attr:`policy_module` as buckets of ``(hf_name, cpu_tensor)``.
 
@@ -223,6 +223,8 @@ class HybridStrategyMixin:
         Args:
             bucket_bytes: target bucket size in bytes (> 0).
             rank_zero_only: materialize the tensors on global rank 0 only.
+            adapter_only: a LoRA policy's adapter tensors only, under PEFT's names (``rollout.lora_sync: adapter``,
+                :func:`~lightning_hybrid_rollout.lightning.lora.adapter_groups`), instead of the merged weights.
 
         Yields:
             Lists of ``(name, tensor)``; the same number of buckets on every rank.
@@ -237,8 +239,11 @@ class HybridStrategyMixin:
         policy = self.policy_module
         materialize = not rank_zero_only or self._hybrid_global_rank() == 0
         entries = [(clean_param_name(name), tensor) for name, tensor in self._full_weight_entries(policy)]
-        # a LoRA policy streams its merged weights under the base names (lightning/lora.py, docs/lora.md)
-        groups = weight_groups(policy, entries, clean_param_name)
+        # a LoRA policy streams its merged weights under the base names, or only its adapter (docs/lora.md)
+        if adapter_only:
+            groups = adapter_groups(policy, entries, clean_param_name)
+        else:
+            groups = weight_groups(policy, entries, clean_param_name)
         bucket: list[WeightGroup] = []
         size = 0
         for group in groups:

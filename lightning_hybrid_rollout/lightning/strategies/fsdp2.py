@@ -162,14 +162,14 @@ class HybridFSDP2Strategy(HybridStrategyMixin, ModelParallelStrategy):
 
     @override
     def iter_full_weights(
-        self, bucket_bytes: int = DEFAULT_BUCKET_BYTES, *, rank_zero_only: bool = False
+        self, bucket_bytes: int = DEFAULT_BUCKET_BYTES, *, rank_zero_only: bool = False, adapter_only: bool = False
     ) -> Iterator[WeightBucket]:
         from torch.distributed.fsdp import FSDPModule
 
         for module in self.policy_module.modules():
             if isinstance(module, FSDPModule):
                 module.reshard()  # the state dict must expose the sharded parameters, not unsharded leftovers
-        yield from super().iter_full_weights(bucket_bytes, rank_zero_only=rank_zero_only)
+        yield from super().iter_full_weights(bucket_bytes, rank_zero_only=rank_zero_only, adapter_only=adapter_only)
 
     @classmethod
     @override

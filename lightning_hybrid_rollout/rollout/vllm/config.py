@@ -69,6 +69,12 @@ class VLLMEngineConfig:
             traffic, about 2x faster (``benchmarks/weight_sync.py``). Used only where it is exact: unquantized
             models on the oneDNN path whose checkpoint names map onto the vLLM modules; otherwise the layer-wise
             reload runs. ``health()["last_update"]["mode"]`` says which one ran.
+        lora: The policy's LoRA adapter (:func:`~lightning_hybrid_rollout.lightning.lora.engine_lora_config`:
+            ``r``, ``lora_alpha``, ``target_modules``, ..., ``max_lora_rank``) when weight syncs send the adapter
+            alone (``rollout.lora_sync: adapter``): the engine starts with vLLM's LoRA on, keeps its base weights, and
+            every weight update is an adapter built in memory in the worker. None: plain engine, full-weight updates.
+        sleep_keeps_weights: GPU sleep mode: sleeping releases the KV cache only and keeps the weights on the device
+            (``rollout.lora_keep_base``); otherwise vLLM's level-1 sleep offloads them to host memory.
         extra_engine_args: More ``AsyncEngineArgs`` fields (``rollout.engine_kwargs``); they override the ones
             above (:func:`engine_kwargs_for`).
     """
@@ -96,6 +102,8 @@ class VLLMEngineConfig:
     presize_staging: bool = True
     keep_freed_memory: bool = True
     direct_reload: bool = True
+    lora: dict[str, Any] | None = None
+    sleep_keeps_weights: bool = False
     extra_engine_args: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -168,11 +176,15 @@ def engine_kwargs_for(cfg: VLLMEngineConfig, on_cuda: bool | None = None) -> dic
             kwargs["tensor_parallel_size"] = cfg.tensor_parallel_size
     if cfg.enable_prefix_caching is not None:
         kwargs["enable_prefix_caching"] = cfg.enable_prefix_caching
+    if cfg.lora is not None:  # one adapter, replaced in place at each sync (worker_extension.py)
+        kwargs.update(enable_lora=True, max_lora_rank=int(cfg.lora["max_lora_rank"]), max_loras=1, max_cpu_loras=1)
     kwargs.update(cfg.extra_engine_args)
     return kwargs
 
 
-def engine_config_from_rollout(rollout: RolloutConfig, run_dir: str | os.PathLike[str]) -> VLLMEngineConfig:
+def engine_config_from_rollout(
+    rollout: RolloutConfig, run_dir: str | os.PathLike[str], lora: dict[str, Any] | None = None
+) -> VLLMEngineConfig:
     """The engine settings of a run's replicas, from its ``rollout`` section.
 
     ``max_model_len`` is :meth:`RolloutConfig.engine_max_model_len` (``prompt_length + response_length + 8`` unless
@@ -181,6 +193,8 @@ def engine_config_from_rollout(rollout: RolloutConfig, run_dir: str | os.PathLik
     Args:
         rollout: The run's ``rollout`` section (already validated).
         run_dir: Where the engines' temp files and vLLM cache go (the run's ``vllm`` directory).
+        lora: The adapter when syncs send it alone (:attr:`VLLMEngineConfig.lora`); ``rollout.lora_keep_base``
+            applies with it only.
     """
     r = rollout
     return VLLMEngineConfig(
@@ -195,6 +209,8 @@ def engine_config_from_rollout(rollout: RolloutConfig, run_dir: str | os.PathLik
         tensor_parallel_size=r.tensor_parallel_size,
         enable_prefix_caching=r.enable_prefix_caching,
         run_dir=str(run_dir),
+        lora=dict(lora) if lora is not None else None,
+        sleep_keeps_weights=lora is not None and r.lora_keep_base,
         extra_engine_args=dict(r.engine_kwargs),
     )
 

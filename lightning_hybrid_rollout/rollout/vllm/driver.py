@@ -156,7 +156,8 @@ class VLLMEngine(WeightUpdates):
         t = time.perf_counter()
         info = (
             await self.llm.collective_rpc(
-                "lhr_init", args=(self.config.verify_initial_weights, self.config.direct_reload)
+                "lhr_init",
+                args=(self.config.verify_initial_weights, self.config.direct_reload, self.config.lora),
             )
         )[0]
         self.timings["init_rpc_s"] = time.perf_counter() - t
@@ -249,6 +250,8 @@ class VLLMEngine(WeightUpdates):
             detokenize=False,
         )
         version, salt = self.weight_version, self.cache_salt()
+        # the adapter of the latest adapter-only update, read at admission (none before it: the base alone)
+        lora = {"lora_request": self._lora_request} if self._lora_request is not None else {}
         self._inflight[request_id] = version
         progress = self._progress[request_id] = RequestProgress(
             sampling.max_tokens, len(prompt_token_ids), submitted_s=time.monotonic()
@@ -260,7 +263,10 @@ class VLLMEngine(WeightUpdates):
         t0 = time.perf_counter()
         try:
             async for out in self.llm.generate(
-                TokensPrompt(prompt_token_ids=list(prompt_token_ids), cache_salt=salt), params, request_id=request_id
+                TokensPrompt(prompt_token_ids=list(prompt_token_ids), cache_salt=salt),
+                params,
+                request_id=request_id,
+                **lora,
             ):
                 self._outputs_received += 1
                 cached = int(out.num_cached_tokens or 0)
@@ -432,7 +438,9 @@ class VLLMEngine(WeightUpdates):
 
     # ---- sleep / wake ---------------------------------------------------------------------------------------------
     async def sleep(self) -> float:
-        """Stop serving: abort in-flight requests, refuse new ones; GPU: level-1 sleep. Returns seconds taken."""
+        """Stop serving: abort in-flight requests, refuse new ones; GPU: level-1 sleep, or with
+        ``sleep_keeps_weights`` the KV cache alone is released (the weights stay on the device). Returns seconds
+        taken."""
         t0 = time.perf_counter()
         if self.state == "parked":
             return 0.0
@@ -440,21 +448,27 @@ class VLLMEngine(WeightUpdates):
             self.state = "parked"
             self._ready.set()  # waiters wake up and see "parked"
             await self._abort_all()
-            if self.config.sleep_mode():
+            if self.config.sleep_mode() and self.config.sleep_keeps_weights:
+                # vLLM discards the KV cache's memory only after a completed pause with no request left
+                await self.llm.pause_generation(mode="abort")
+                await self.llm.release_kv_cache_memory()
+            elif self.config.sleep_mode():
                 await self.llm.sleep(level=1)
         dt = time.perf_counter() - t0
         self._sleep_seconds.append(dt)
         return dt
 
     async def wake_up(self) -> float:
-        """Serve again; GPU: weights first, then KV cache, then the weight fingerprint is re-checked."""
+        """Serve again; GPU: weights first (unless they stayed), then KV cache, then the weight fingerprint is
+        re-checked."""
         t0 = time.perf_counter()
         if self.state != "parked":
             return 0.0
         async with self._update_lock:
             if self.config.sleep_mode():
-                await self.llm.wake_up(tags=["weights"])
-                await self.llm.wake_up(tags=["kv_cache"])
+                if not self.config.sleep_keeps_weights:
+                    await self.llm.wake_up(tags=["weights"])
+                await self.llm.wake_up(tags=["kv_cache"])  # fully awake again: vLLM resumes its scheduler
                 self._kv_epoch += 1  # the KV memory came back empty: nothing cached before the sleep may serve
                 reset = await self.llm.reset_prefix_cache()
                 logger.debug("replica %s: prefix cache reset after wake-up: %s", self.replica_id, reset)

@@ -58,6 +58,9 @@ class WeightUpdates:
         self._checksum: str | None = None
         self._update: _Session | None = None
         self._update_watchdog: asyncio.Future[None] | None = None
+        #: The ``LoRARequest`` of the engine's adapter once an adapter-only update installed one (one id, replaced in
+        #: place at each update: lora_adapter.py), passed with every request admitted since; None: the base alone.
+        self._lora_request: Any = None
         self._staging = SharedStaging(self.config.staging_dir, prefix=ENGINE_PREFIX)
         self._node_staging: tuple[str, int] | None = None
         self.last_update_info: dict[str, Any] = {}
@@ -211,6 +214,10 @@ class WeightUpdates:
             raise WeightLoadError(f"replica {self.replica_id}: {info['error']}")
         self._checksum = info["checksum"]
         self.weight_version = int(upd.version)
+        if info.get("mode") == "adapter" and self._lora_request is None:
+            from lightning_hybrid_rollout.rollout.vllm.lora_adapter import adapter_request
+
+            self._lora_request = adapter_request()  # the engine holds an adapter now: requests name it
         self.syncs_by_transport.update(upd.transports)
         info["transports"] = sorted(upd.transports)
         if upd.keep:

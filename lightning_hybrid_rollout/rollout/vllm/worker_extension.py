@@ -7,7 +7,8 @@ the trainer write (:mod:`lightning_hybrid_rollout.rollout.weights.staging`), par
 bucket (:func:`~lightning_hybrid_rollout.rollout.weights.format.parse_safetensors`), hashes exactly what it feeds
 to the loader under the trainer's names, and loads it: on CPU by the direct reload (:mod:`.direct_reload`) where it
 is exact, elsewhere by vLLM's layer-wise in-place reload. At the end of an update it checks coverage (every model
-parameter was written) and reads back what vLLM keeps materialized.
+parameter was written) and reads back what vLLM keeps materialized. An engine started with LoRA on takes adapter-only
+updates instead: the received tensors become the engine's adapter (:mod:`.lora_adapter`), its base stays as loaded.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import torch
 
 from lightning_hybrid_rollout.rollout.vllm.direct_reload import DirectReload
+from lightning_hybrid_rollout.rollout.vllm.lora_adapter import WorkerAdapter
 from lightning_hybrid_rollout.rollout.weights.format import (
     checksum_state,
     combine_digests,
@@ -52,8 +54,9 @@ class LHRWorkerExtension:
 
     Its state (set by :meth:`lhr_init` and the attach / update calls; ``_lhr_`` keeps it apart from vLLM's):
     ``_lhr_mm`` / ``_lhr_node_mm`` (the driver's staging file / the trainer's node staging file, mapped),
-    ``_lhr_update`` (the update in progress), ``_lhr_direct`` (the direct reload, where it is exact) and ``_lhr_fp``
-    (the parameter fingerprint at the last verified load).
+    ``_lhr_update`` (the update in progress), ``_lhr_direct`` (the direct reload, where it is exact), ``_lhr_fp``
+    (the parameter fingerprint at the last verified load) and ``_lhr_adapter`` (the LoRA adapter of an
+    adapter-synced engine, else None).
     """
 
     _lhr_mm: mmap.mmap | None
@@ -61,13 +64,15 @@ class LHRWorkerExtension:
     _lhr_update: dict[str, Any] | None
     _lhr_direct: DirectReload | None
     _lhr_fp: dict[str, str]
+    _lhr_adapter: WorkerAdapter | None
 
     # ---- helpers --------------------------------------------------------------------------------------------------
     def _lhr_model(self) -> torch.nn.Module:
         return self.model_runner.get_model()  # type: ignore[attr-defined]
 
     def _lhr_fingerprint(self) -> dict[str, str]:
-        out = {}
+        adapter = getattr(self, "_lhr_adapter", None)
+        out = adapter.fingerprint(self.model_runner) if adapter is not None else {}  # type: ignore[attr-defined]
         for name, p in self._lhr_model().named_parameters():
             if p.numel() == 0 or p.is_meta:
                 continue
@@ -104,11 +109,15 @@ class LHRWorkerExtension:
         return verified, skipped, bad
 
     # ---- rpc methods ----------------------------------------------------------------------------------------------
-    def lhr_init(self, verify: bool, direct_reload: bool = True) -> dict[str, Any]:
-        """Engine pid + (optionally) the checksum of the checkpoint on disk, read back against the engine."""
+    def lhr_init(self, verify: bool, direct_reload: bool = True, lora: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Engine pid + (optionally) the checksum of the checkpoint on disk, read back against the engine.
+
+        ``lora``: the adapter's PEFT fields; every update of this engine is then an adapter-only one."""
         out: dict[str, Any] = {"pid": os.getpid(), "checksum": None}
         self._lhr_mm = None
         self._lhr_update = None
+        self._lhr_adapter = WorkerAdapter(lora) if lora is not None else None
+        direct_reload = direct_reload and lora is None  # the base of an adapter-synced engine is never reloaded
         model_dir = Path(self.vllm_config.model_config.model)  # type: ignore[attr-defined]
         files = sorted(model_dir.glob("*.safetensors")) if model_dir.is_dir() else []
         out["checkpoint_bytes"] = sum(f.stat().st_size for f in files)
@@ -170,7 +179,11 @@ class LHRWorkerExtension:
             "received": {},
             "keep": [],
             "t0": time.perf_counter(),
-            "mode": "direct" if getattr(self, "_lhr_direct", None) else "layerwise",
+            "mode": "adapter"
+            if getattr(self, "_lhr_adapter", None) is not None
+            else "direct"
+            if getattr(self, "_lhr_direct", None)
+            else "layerwise",
             "load_s": 0.0,
             "hash_s": 0.0,
             "minflt0": resource.getrusage(resource.RUSAGE_SELF).ru_minflt,
@@ -197,6 +210,10 @@ class LHRWorkerExtension:
             upd["digests"][name] = tensor_digest(name, tensor)
             upd["received"][name] = tensor
         upd["hash_s"] += time.perf_counter() - t
+        if upd["mode"] == "adapter":  # built at the finish, from copies (the views' staging file is reused)
+            for name, tensor in items:
+                upd["received"][name] = tensor.detach().to("cpu", copy=True)
+            return {"tensors": len(items)}
         t = time.perf_counter()
         with set_current_vllm_config(self.vllm_config), torch.no_grad():  # type: ignore[attr-defined]
             if upd["mode"] == "direct":
@@ -269,6 +286,8 @@ class LHRWorkerExtension:
         if upd is None:
             raise RuntimeError("lhr_finish_update without lhr_begin_update")
         self._lhr_update = None
+        if upd["mode"] == "adapter":
+            return self._lhr_finish_adapter(upd)
         model = self._lhr_model()
         if upd["mode"] == "layerwise":
             finalize_layerwise_reload(model, self.vllm_config.model_config)  # type: ignore[attr-defined]
@@ -300,6 +319,37 @@ class LHRWorkerExtension:
         out["checksum"] = combine_digests(upd["digests"])
         upd["received"].clear()
         upd["keep"].clear()
+        self._lhr_fp = self._lhr_fingerprint()
+        if errors:
+            out["error"] = "; ".join(errors)
+        return out
+
+    def _lhr_finish_adapter(self, upd: dict[str, Any]) -> dict[str, Any]:
+        """The finish of an adapter-only update: install the adapter, read its slot back, return the checksum."""
+        adapter = self._lhr_adapter
+        assert adapter is not None
+        t = time.perf_counter()
+        out: dict[str, Any] = {"tensors": len(upd["digests"]), "mode": "adapter", "hash_s": upd["hash_s"]}
+        errors = []
+        if not upd["received"]:
+            errors.append("an adapter-only update brought no tensors")
+        else:
+            try:
+                got = adapter.install(self.model_runner, upd["received"])  # type: ignore[attr-defined]
+            except Exception as e:  # vLLM refused the tensors: the previous adapter still serves
+                errors.append(f"vLLM refused the adapter: {type(e).__name__}: {e}")
+            else:
+                out["readback_verified"] = got["readback_verified"]
+                if got["bad"]:
+                    errors.append(f"adapter read-back mismatch for {len(got['bad'])} tensor(s): {got['bad'][:5]}")
+                if got["unplaced"]:
+                    errors.append(
+                        f"{len(got['unplaced'])} adapter tensor(s) match no LoRA layer of the engine: "
+                        f"{got['unplaced'][:5]}"
+                    )
+        out["load_s"] = time.perf_counter() - t
+        out["checksum"] = combine_digests(upd["digests"])
+        upd["received"].clear()
         self._lhr_fp = self._lhr_fingerprint()
         if errors:
             out["error"] = "; ".join(errors)
