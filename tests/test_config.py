@@ -168,6 +168,8 @@ BAD_SINGLE_VALUES = [
     (RolloutConfig, "ray_address", ""),
     (RolloutConfig, "enforce_eager", "true"),
     (RolloutConfig, "seed", -1),
+    (RolloutConfig, "lora_sync", "full"),
+    (RolloutConfig, "lora_keep_base", "yes"),
 ]
 
 

