@@ -20,11 +20,20 @@ How it counts:
 The LAST line is ``ratio: X.XX`` = achieved / clone memcpy GB/s (issue #14's target >= 0.85); the line before it
 gives the ratio against warm ``copy_`` too.
 
+``--lora`` measures LoRA's adapter-only sync instead (issue #40) on SmolLM2-135M-Instruct (prepared once under
+``--out``, or ``$LHR_SMOLLM2_DIR``), r=16 on ``q_proj``/``k_proj``/``v_proj``/``o_proj``, float32 like a CPU run: one
+plain replica takes the full merged weights (``rollout.lora_sync: merged``), one replica with vLLM's LoRA takes the
+adapter alone (``adapter``), each ``--repeats`` verified pushes (median seconds). Then a hybrid activation of each
+(``sleep``, ``wake_up`` and the sync of a new version): with the kept base only the adapter moves, without it the full
+weights do. Its LAST line is ``ratio: X.X`` = full-sync seconds / adapter-sync seconds; the lines before it give the
+bytes and activation ratios.
+
 Usage::
 
     python benchmarks/weight_sync.py [--hidden 512 --layers 5 --repeats 5 --bucket-mb 32]
     python benchmarks/weight_sync.py --transport ray     # the path replicas on other nodes take
     python benchmarks/weight_sync.py --staged            # staged pushes: how long generation is paused
+    python benchmarks/weight_sync.py --lora --repeats 3  # adapter-only vs full sync of SmolLM2-135M (r=16)
 """
 
 from __future__ import annotations
@@ -188,6 +197,91 @@ async def bench(args: argparse.Namespace, model_dir: Path, rt: Any) -> None:
     print(f"ratio: {achieved / clone_gbps:.2f}")
 
 
+LORA_PEFT = {"r": 16, "lora_alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+"""The adapter of the ``--lora`` measurement."""
+
+
+async def bench_lora(args: argparse.Namespace, model_dir: Path, rt: Any) -> None:
+    """Adapter-only vs full sync, and a hybrid activation with and without the kept base (see the module doc)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lightning_hybrid_rollout.lightning.lora import (
+        adapter_groups,
+        engine_lora_config,
+        inject_lora,
+        lora_config_from,
+        merged_state_dict,
+    )
+    from lightning_hybrid_rollout.rollout.replica import ReplicaSpec
+    from lightning_hybrid_rollout.rollout.vllm.config import VLLMEngineConfig
+    from lightning_hybrid_rollout.rollout.weights.push import push_weights_async
+
+    config = lora_config_from(LORA_PEFT)
+    policy = inject_lora(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), config)
+    g = torch.Generator().manual_seed(0)
+    lora_params = [p for n, p in policy.named_parameters() if ".lora_" in n]
+    common = {"model": str(model_dir), "kv_cache_memory_bytes": 64 * 2**20, "max_model_len": 256}
+    plain = VLLMEngineConfig(**common, run_dir=str(args.out / "run"))
+    lora = VLLMEngineConfig(**common, run_dir=str(args.out / "run"), lora=engine_lora_config(config))
+    t0 = time.perf_counter()
+    full_rep, lora_rep = await rt.start_replicas_async(
+        [ReplicaSpec("full", "hybrid", plain, index=0), ReplicaSpec("adapter", "hybrid", lora, index=1)]
+    )
+    print(f"replicas up in {time.perf_counter() - t0:.1f} s (one core each): 'full' plain, 'adapter' with LoRA on")
+
+    def next_version() -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+        """A new adapter (a training step's worth of change): its tensors, and the merged full weights."""
+        with torch.no_grad():
+            for p in lora_params:
+                p.add_(torch.randn(p.shape, generator=g) * 0.01)
+        adapter = [
+            (grp.name, t.detach().clone())
+            for grp in adapter_groups(policy, policy.state_dict().items())
+            for _, t in grp.parts
+        ]
+        return adapter, list(merged_state_dict(policy).items())
+
+    async def push(items: list[tuple[str, Any]], replica: Any, version: int) -> Any:
+        rep = await push_weights_async(items, [replica], version=version, bucket_bytes=args.bucket_mb * 2**20)
+        assert set(rep.replica_checksums.values()) == {rep.checksum}  # verified
+        return rep
+
+    full_s, adapter_s, full_b, adapter_b = [], [], 0, 0
+    for i in range(args.repeats + 1):
+        adapter, merged = next_version()
+        rf = await push(merged, full_rep, i + 1)
+        ra = await push(adapter, lora_rep, i + 1)
+        full_b, adapter_b = rf.bytes, ra.bytes
+        if i:  # the first push warms the staging files up
+            full_s.append(rf.seconds)
+            adapter_s.append(ra.seconds)
+        print(
+            f"sync {i + 1}{' (warm-up, not counted)' if i == 0 else ''}: full {rf.seconds * 1e3:.0f} ms "
+            f"({rf.bytes / 1e6:.1f} MB), adapter {ra.seconds * 1e3:.1f} ms ({ra.bytes / 1e6:.2f} MB)"
+        )
+    activation = {}
+    for name, replica, items in (("full", full_rep, merged), ("adapter", lora_rep, adapter)):
+        await replica.sleep()
+        t0 = time.perf_counter()
+        await replica.wake_up()
+        wake_s = time.perf_counter() - t0
+        await push(items, replica, args.repeats + 2)
+        activation[name] = time.perf_counter() - t0
+        print(f"activation ({name}): wake {wake_s * 1e3:.1f} ms + sync = {activation[name] * 1e3:.0f} ms")
+    fs, ad = statistics.median(full_s), statistics.median(adapter_s)
+    print(
+        f"full sync: {full_b / 1e6:.1f} MB in {fs * 1e3:.0f} ms; adapter sync: {adapter_b / 1e6:.2f} MB in "
+        f"{ad * 1e3:.1f} ms (medians of {len(full_s)}, SmolLM2-135M float32, r=16 on q/k/v/o)"
+    )
+    print(f"bytes ratio (full / adapter): {full_b / adapter_b:.1f}")
+    print(
+        f"activation ratio (without / with kept base): {activation['full'] / activation['adapter']:.1f} "
+        "(CPU engines park: the wake is free, the sync is the difference)"
+    )
+    print(f"ratio: {fs / ad:.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hidden", type=int, default=512)
@@ -199,9 +293,15 @@ def main() -> None:
     parser.add_argument(
         "--staged", action="store_true", help="staged pushes (replicas serve while staging; prints the commit share)"
     )
+    parser.add_argument(
+        "--lora", action="store_true", help="adapter-only vs full sync of SmolLM2-135M-Instruct (r=16 on q/k/v/o)"
+    )
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "lhr-bench-weight-sync")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if args.lora:
+        _main_lora(args)
+        return
 
     from lightning_hybrid_rollout.models.tiny_model import build_tiny_model
     from lightning_hybrid_rollout.rollout.ray_runtime import RayRuntime
@@ -217,6 +317,24 @@ def main() -> None:
     print(f"ray up in {rt.init_seconds:.1f} s")
     try:
         asyncio.run(bench(args, model_dir, rt))
+    finally:
+        rt.shutdown()
+
+
+def _main_lora(args: argparse.Namespace) -> None:
+    from lightning_hybrid_rollout.models.pretrained import prepare_model
+    from lightning_hybrid_rollout.rollout.ray_runtime import RayRuntime
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    model_dir = prepare_model(
+        "smollm2-135m-instruct", os.environ.get("LHR_SMOLLM2_DIR") or args.out / "smollm2-135m-instruct"
+    )
+    print(f"model ready in {time.perf_counter() - t0:.1f} s at {model_dir}")
+    rt = RayRuntime(num_cpus=max(2, len(os.sched_getaffinity(0))), object_store_memory=768 * 2**20)
+    rt.start()
+    try:
+        asyncio.run(bench_lora(args, model_dir, rt))
     finally:
         rt.shutdown()
 
