@@ -304,7 +304,7 @@ class HybridRolloutCallback(Callback):
             if lora_config is not None:  # the adapter's target_modules against the model, before Ray (every rank)
                 check_lora_targets(lora_config, self.rollout.model_path)
                 if self.rollout.lora_sync == "adapter":  # syncs send the adapter alone to LoRA engines
-                    check_adapter_sync(lora_config)
+                    check_adapter_sync(lora_config, self.rollout.tensor_parallel_size)
                     self._trainer_side.adapter_only = True
                     self._engine_lora = engine_lora_config(lora_config)
         # the data set, the prompts' lengths and the reward functions are checked before Ray starts (every rank:

@@ -308,10 +308,15 @@ def engine_lora_config(config: LoraConfig) -> dict[str, Any]:
     }
 
 
-def check_adapter_sync(config: LoraConfig, key: str = "rollout.lora_sync") -> None:
+def check_adapter_sync(config: LoraConfig, tensor_parallel_size: int = 1, key: str = "rollout.lora_sync") -> None:
     """One :class:`ConfigError` line if the adapter cannot be sent alone to vLLM (``rollout.lora_sync: adapter``):
     vLLM's LoRA has no adapter biases, so an adapter that trains biases (``bias: all`` / ``lora_only``) must be
-    merged."""
+    merged; and each engine's LoRA slots are read back whole, which holds for unsharded engines only."""
+    if tensor_parallel_size != 1:
+        raise ConfigError(
+            f"{key}='adapter' reads every engine's LoRA slots back whole, which this version does for "
+            f"rollout.tensor_parallel_size 1 only (got {tensor_parallel_size}). Use rollout.lora_sync: merged."
+        )
     if str(config.bias) != "none":
         raise ConfigError(
             f"{key}='adapter' cannot send trained biases (peft.bias={config.bias!r}): vLLM's LoRA has no adapter "

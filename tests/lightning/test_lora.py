@@ -185,12 +185,14 @@ def test_the_engines_lora_settings_come_from_the_peft_config() -> None:
     assert "enable_lora" not in engine_kwargs_for(VLLMEngineConfig(model="m"), on_cuda=False)
 
 
-def test_an_adapter_that_trains_biases_cannot_be_synced_alone() -> None:
+def test_adapter_sync_refuses_trained_biases_and_sharded_engines_in_one_line() -> None:
     check_adapter_sync(lora_config_from({"r": 4}))
     with pytest.raises(ConfigError) as info:
         check_adapter_sync(lora_config_from({"r": 4, "bias": "lora_only"}))
     assert str(info.value).startswith("rollout.lora_sync='adapter' cannot send trained biases (peft.bias='lora_only')")
     assert "rollout.lora_sync: merged" in str(info.value)
+    with pytest.raises(ConfigError, match=r"for rollout.tensor_parallel_size 1 only \(got 2\)"):
+        check_adapter_sync(lora_config_from({"r": 4}), tensor_parallel_size=2)
 
 
 # ---------------------------------------------------------------------------------------------- checks
