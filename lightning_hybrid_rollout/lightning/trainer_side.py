@@ -122,7 +122,8 @@ class TrainerSide:
             self._call_log.append("onload")
 
     def gather_weights(self, trainer: Trainer) -> None:
-        """Full, unsharded weights of the policy model into :attr:`weights` on rank 0 (collective: every rank)."""
+        """Full, unsharded weights of the policy model (a LoRA policy's adapter alone with :attr:`adapter_only`) into
+        :attr:`weights` on rank 0 (collective: every rank)."""
         strategy = trainer.strategy
         self.weights = None  # the previous cycle's (kept for a replacement replica): released before the gather
         items: list[tuple[str, torch.Tensor]] = []

@@ -123,7 +123,7 @@ def fake_push(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
             r.weight_version = version
         rec["end"] = time.monotonic()
         events.add(f"push:{role}:end")
-        return SimpleNamespace(version=version, seconds=rec["end"] - rec["start"])
+        return SimpleNamespace(version=version, seconds=rec["end"] - rec["start"], bytes=0)
 
     monkeypatch.setattr(push, "push_weights_async", push_weights_async)
     return pushes

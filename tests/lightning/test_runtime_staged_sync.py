@@ -51,7 +51,7 @@ def fake_push(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             await kwargs["on_commit"]()
         await asyncio.sleep(0.01)
         log.append("push:end")
-        return SimpleNamespace(version=version)
+        return SimpleNamespace(version=version, bytes=0)
 
     monkeypatch.setattr(push, "push_weights_async", push_weights_async)
     return log
