@@ -1,6 +1,6 @@
-"""Building blocks of multi-turn agentic episodes (model turn, tool/environment turn, ... until done): the episode's
-exact token sequence, tools and their parsers, environments in TRL's and Gymnasium's conventions. Not yet wired
-into the rollouter (docs/agentic.md)."""
+"""Multi-turn agentic episodes (model turn, tool/environment turn, ... until done): the episode's exact token
+sequence, tools and their parsers, environments in TRL's and Gymnasium's conventions, and the driver the rollouter
+runs them with (docs/agentic.md)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from lightning_hybrid_rollout.agentic.environments import (
     load_environment,
 )
 from lightning_hybrid_rollout.agentic.episode import PLAIN_CHAT_TEMPLATE, Episode, EpisodeBudget, Turn
+from lightning_hybrid_rollout.agentic.runtime import AgenticConfig, EpisodeDriver, EpisodeWindow
 from lightning_hybrid_rollout.agentic.tool_parsers import (
     DEFAULT_TOOL_PARSER,
     HermesToolParser,
@@ -37,10 +38,13 @@ from lightning_hybrid_rollout.agentic.tools import (
 __all__ = [
     "DEFAULT_TOOL_PARSER",
     "PLAIN_CHAT_TEMPLATE",
+    "AgenticConfig",
     "EnvironmentFactory",
     "Episode",
     "EpisodeBudget",
+    "EpisodeDriver",
     "EpisodeEnvironment",
+    "EpisodeWindow",
     "GymEnvironment",
     "HermesToolParser",
     "ParsedTurn",

@@ -229,15 +229,26 @@ class Episode:
             The tokens appended, or ``None`` if they do not fit the token budget (the episode then ends with
             ``max_episode_tokens`` and the message is dropped: the sequence still ends with a model turn).
         """
+        return self.add_messages([message])
+
+    def add_messages(self, messages: Sequence[Mapping[str, Any]]) -> list[int] | None:
+        """Append several messages answering one model turn (one per tool call) as one turn: the template's
+        rendering of all of them after the conversation, then the generation prompt once.
+
+        Returns:
+            The tokens appended, or ``None`` if they do not fit (see :meth:`add_message`).
+        """
         if self.done:
             raise RuntimeError(f"episode already ended ({self.stop_reason}); start a new one")
-        message = dict(message)
-        ids = self._message_tokens(message)
+        new = [dict(m) for m in messages]
+        if not new:
+            raise ValueError("add_messages needs at least one message")
+        ids = self._message_tokens(new)
         if len(ids) >= self.remaining_tokens:  # no room left for the next model turn's first token
             self.finish("max_episode_tokens")
             return None
-        self.turns.append(Turn(role=str(message.get("role", "tool")), token_ids=ids))
-        self.messages.append(message)
+        self.turns.append(Turn(role=str(new[0].get("role", "tool")), token_ids=ids))
+        self.messages.extend(new)
         return ids
 
     def _render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> str:
@@ -252,10 +263,11 @@ class Episode:
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def _message_tokens(self, message: dict[str, Any]) -> list[int]:
-        """The token suffix the new message (and the generation prompt) adds to the conversation's rendering."""
+    def _message_tokens(self, new: list[dict[str, Any]]) -> list[int]:
+        """The token suffix the new messages (and the generation prompt) add to the conversation's rendering."""
+        role = new[0].get("role")
         before = self._render(self.messages, add_generation_prompt=False)
-        after = self._render([*self.messages, message], add_generation_prompt=True)
+        after = self._render([*self.messages, *new], add_generation_prompt=True)
         if after.startswith(before):
             tail = self._encode(self._model_turn_tail(before))
             before_ids, after_ids = self._encode(before), self._encode(after)
@@ -269,13 +281,13 @@ class Episode:
         log(
             "the chat template renders the conversation before a %r message differently once it follows; its "
             "tokens come from its own rendering after a neutral conversation (counted in template_fallbacks)",
-            message.get("role"),
+            role,
         )
         base = self._render(_FALLBACK_BASE, add_generation_prompt=False)
-        delta = self._render([*_FALLBACK_BASE, message], add_generation_prompt=True)
+        delta = self._render([*_FALLBACK_BASE, *new], add_generation_prompt=True)
         if not delta.startswith(base):
             raise ChatTemplateError(
-                f"the chat template does not render a {message.get('role')!r} message as text appended to the "
+                f"the chat template does not render a {role!r} message as text appended to the "
                 "conversation before it, even after a neutral one; give a chat_template that does"
             )
         return self._encode(delta[len(base) :])

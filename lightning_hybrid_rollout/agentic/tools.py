@@ -141,19 +141,30 @@ class ToolRunner:
     Args:
         tools: The tools the model may call.
         timeout_s: The most seconds one call may take.
-        workers: Threads of the pool for sync tools.
+        workers: Threads of the pool for sync tools (when no ``pool`` is given).
+        pool: A pool shared with other runners (the rollout's: one per run, not one per episode); not shut down by
+            :meth:`close`.
 
     Attributes:
         calls: Calls run. errors: Calls answered with an error message, by kind (``unknown``, ``arguments``,
             ``raised``, ``timeout``).
     """
 
-    def __init__(self, tools: Sequence[Tool], timeout_s: float = 30.0, workers: int = 4) -> None:
+    def __init__(
+        self,
+        tools: Sequence[Tool],
+        timeout_s: float = 30.0,
+        workers: int = 4,
+        pool: ThreadPoolExecutor | None = None,
+    ) -> None:
         if not timeout_s > 0 or workers < 1:
             raise ToolError(f"tool timeout_s must be > 0 and workers >= 1, got {timeout_s!r} and {workers!r}")
         self.tools = {t.name: t for t in tools}
         self.timeout_s = float(timeout_s)
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lhr-tool")
+        self._owns_pool = pool is None
+        self._pool = (
+            pool if pool is not None else ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lhr-tool")
+        )
         self.calls = 0
         self.errors: dict[str, int] = {"unknown": 0, "arguments": 0, "raised": 0, "timeout": 0}
 
@@ -188,8 +199,9 @@ class ToolRunner:
         return ToolResult(name=name, content=content, error=kind)
 
     def close(self) -> None:
-        """Stop the worker pool (calls still running finish on their own)."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop the worker pool if it is this runner's own (calls still running finish on their own)."""
+        if self._owns_pool:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def template_renders_tools(tokenizer: Any, schemas: Sequence[Mapping[str, Any]]) -> bool:

@@ -36,7 +36,8 @@ class RolloutBatch:
     Args:
         input_ids: ``[B, T]`` long, prompt tokens then response tokens, right-padded with ``pad_token_id``.
         attention_mask: ``[B, T]`` long, 1 on prompt and response tokens, 0 on padding.
-        response_mask: ``[B, T]`` float, 1.0 on response tokens only (the tokens the loss trains).
+        response_mask: ``[B, T]`` float, 1.0 on the response tokens the loss trains: all of them, or a multi-turn
+            episode's model tokens only (``Sample.loss_mask``: its tool/environment tokens are 0).
         rollout_logprobs: ``[B, T]`` float, at a response position the log-probability the rollout engine gave
             that token (``Sample.response_logprobs``); 0 elsewhere.
         rewards: ``[B]`` float, the samples' rewards.
@@ -253,6 +254,10 @@ def collate_samples(
     for s in samples:
         if not s.prompt_token_ids:
             raise ValueError(f"sample {s.uid!r} has an empty prompt: its first response token cannot be scored")
+        if s.loss_mask and len(s.loss_mask) != len(s.response_token_ids):
+            raise ValueError(
+                f"sample {s.uid!r}: {len(s.response_token_ids)} response tokens but a loss mask of {len(s.loss_mask)}"
+            )
         if len(s.response_logprobs) != len(s.response_token_ids):
             raise ValueError(
                 f"sample {s.uid!r}: {len(s.response_token_ids)} response tokens but "
@@ -269,7 +274,10 @@ def collate_samples(
         attention_mask[i, : p + r] = 1
         if r:
             input_ids[i, p : p + r] = torch.tensor(s.response_token_ids, dtype=torch.long)
-            response_mask[i, p : p + r] = 1.0
+            if s.loss_mask:  # a multi-turn episode: its tool/environment tokens carry no gradient
+                response_mask[i, p : p + r] = torch.tensor(s.loss_mask, dtype=torch.float32)
+            else:
+                response_mask[i, p : p + r] = 1.0
             rollout_logprobs[i, p : p + r] = torch.tensor(s.response_logprobs, dtype=torch.float32)
     rewards = torch.tensor([float(s.reward) for s in samples], dtype=torch.float32)
     if group_ids is None:

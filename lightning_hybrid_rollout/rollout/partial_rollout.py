@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Sequence, Set
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from lightning_hybrid_rollout.errors import RolloutError, is_replica_dead_error
 from lightning_hybrid_rollout.rollout.engine import GenerationResult, SamplingSpec, generate_group
@@ -20,6 +20,25 @@ from lightning_hybrid_rollout.rollout.role_window import RoleProduction, replica
 from lightning_hybrid_rollout.rollout.sample_state import PromptGroup, SampleState
 
 log = logging.getLogger("lightning_hybrid_rollout.rollout.rollouter")  # the Rollouter's records keep their logger
+
+
+@runtime_checkable
+class EpisodeRunner(Protocol):
+    """Turns a sample into a multi-turn episode (:class:`~lightning_hybrid_rollout.agentic.runtime.EpisodeDriver`):
+    the generator asks it for the episode's prompt, each model turn's token limit, and what follows a model turn."""
+
+    async def begin(self, st: SampleState, group: PromptGroup) -> None:
+        """Start ``st``'s episode (its environment reset, its prompt in ``st.prompt_ids``); a no-op once started."""
+        ...
+
+    def turn_limit(self, st: SampleState) -> int:
+        """The most tokens the current model turn may still grow by (0: the turn or the episode is out of room)."""
+        ...
+
+    async def after_turn(self, st: SampleState, reason: str) -> str | None:
+        """Run what follows the model turn that just finished with ``reason``: ``None`` when tool/environment tokens
+        were appended and the next model turn follows, else the sample's finish reason."""
+        ...
 
 
 class SegmentHost(Protocol):
@@ -37,6 +56,7 @@ class SegmentHost(Protocol):
     failed_segments: int
     rejected_segments: int
     replica_calls: int
+    episodes: EpisodeRunner | None
 
 
 class SampleGenerator:
@@ -47,6 +67,12 @@ class SampleGenerator:
     (:func:`~lightning_hybrid_rollout.rollout.engine.generate_group`: one Ray round trip for the group, and the
     engine shares the prompt's prefill), then settles every returned segment on its own sample; the samples that
     need another segment (aborted, failed, refused) go on together in the next round.
+
+    With ``host.episodes`` each sample is a multi-turn episode and runs on its own (an episode waiting on a tool
+    must not hold the others back), routed sticky per episode (its uid: each turn extends the replica's cached
+    prefix); a model turn that finishes is handed to the runner, whose tool/environment tokens are appended before
+    the next turn is generated from prompt + everything so far. A turn aborted by a hybrid deactivation continues
+    on another replica like any segment; the tool before it already ran, once.
 
     Args:
         host: The rollouter: its settings and segment counters.
@@ -80,13 +106,23 @@ class SampleGenerator:
             finished: Called once per sample as soon as it finishes, with its finish reason.
         """
         host = self._host
-        response_length = host.sampling.max_tokens
+        episodes = host.episodes
+        if episodes is not None and len(batch) > 1:
+            async with asyncio.TaskGroup() as tasks:  # one raising cancels the others, like one batch would
+                for st in batch:
+                    tasks.create_task(
+                        self.generate([st], group, gate=gate, park=park, stopping=stopping, finished=finished)
+                    )
+            return
         stop_ids = set(host.sampling.stop_token_ids)
         lb = host.load_balancer
         now = self._clock()
         for st in batch:
             if st.started_at is None:
                 st.started_at = now
+        if episodes is not None:
+            for st in batch:
+                await episodes.begin(st, group)
         pending = list(batch)
         while pending:
             if not gate.is_set():
@@ -94,26 +130,33 @@ class SampleGenerator:
             if stopping():
                 return
             ready = []
+            limits: dict[str, int] = {}
             for st in pending:
-                if response_length - len(st.tokens) <= 0:  # restored from a checkpoint at full length
-                    finished(st, "length")
-                else:
-                    ready.append(st)
+                limit = self._limit(st)
+                if limit <= 0:  # restored from a checkpoint at full length, or an episode turn out of room
+                    reason = "length" if episodes is None else await episodes.after_turn(st, "length")
+                    limit = self._limit(st) if reason is None else 0
+                    if limit <= 0:
+                        finished(st, reason or "length")
+                        continue
+                ready.append(st)
+                limits[st.uid] = limit
             pending = ready
             if not pending:
                 return
             request_ids = [f"{st.uid}:{st.attempts}" for st in pending]
             for st in pending:
                 st.attempts += 1
-            replica = await lb.acquire_many(request_ids, sticky_key=group.group_id, timeout=host.no_replica_timeout_s)
+            sticky = group.group_id if episodes is None else pending[0].uid
+            replica = await lb.acquire_many(request_ids, sticky_key=sticky, timeout=host.no_replica_timeout_s)
             if not gate.is_set() or stopping():
                 lb.release_many(replica.replica_id, request_ids)
                 continue
             requests = [
                 (
                     rid,
-                    group.prompt_token_ids + st.tokens,
-                    dataclasses.replace(host.sampling, max_tokens=response_length - len(st.tokens), seed=st.seed),
+                    self._prompt(st, group) + st.tokens,
+                    dataclasses.replace(host.sampling, max_tokens=limits[st.uid], seed=st.seed),
                 )
                 for rid, st in zip(request_ids, pending)
             ]
@@ -137,9 +180,10 @@ class SampleGenerator:
                     retry.append(st)
                     backoff = max(backoff, self._failed(st, rid, replica, outcome))
                     continue
-                reason, wait = self._settle(
-                    st, outcome, len(prompt), spec.max_tokens, replica, rid, response_length, stop_ids
-                )
+                bound = len(st.tokens) + spec.max_tokens  # where this turn (or plain response) must stop
+                reason, wait = self._settle(st, outcome, len(prompt), spec.max_tokens, replica, rid, bound, stop_ids)
+                if reason is not None and episodes is not None:
+                    reason = await episodes.after_turn(st, reason)
                 if reason is not None:
                     finished(st, reason)
                 else:
@@ -148,6 +192,17 @@ class SampleGenerator:
             pending = retry
             if pending and backoff > 0:
                 await asyncio.sleep(backoff)
+
+    def _limit(self, st: SampleState) -> int:
+        """The most tokens ``st``'s next segment may have: its response's room, or its episode turn's."""
+        episodes = self._host.episodes
+        if episodes is None:
+            return self._host.sampling.max_tokens - len(st.tokens)
+        return episodes.turn_limit(st)
+
+    @staticmethod
+    def _prompt(st: SampleState, group: PromptGroup) -> list[int]:
+        return st.prompt_ids if st.prompt_ids is not None else group.prompt_token_ids
 
     def _failed(self, st: SampleState, request_id: str, replica: ReplicaLike, exc: BaseException) -> float:
         """Count a segment that raised; the backoff before its retry (0 for a dead replica: retry elsewhere now)."""

@@ -21,7 +21,7 @@ from lightning_hybrid_rollout.rollout.flow_control import admits_group, in_fligh
 from lightning_hybrid_rollout.rollout.group_filter import FilterWindow, GroupFilter
 from lightning_hybrid_rollout.rollout.load_balancer import LoadBalancer
 from lightning_hybrid_rollout.rollout.message_queue import MessageQueue
-from lightning_hybrid_rollout.rollout.partial_rollout import SampleGenerator
+from lightning_hybrid_rollout.rollout.partial_rollout import EpisodeRunner, SampleGenerator
 from lightning_hybrid_rollout.rollout.prompts import PromptItem, parse_prompt_item
 from lightning_hybrid_rollout.rollout.role_window import RoleProduction, RoleWindow
 from lightning_hybrid_rollout.rollout.sample import Sample
@@ -76,6 +76,7 @@ class ProductionLoop:
         abort_timeout_s: float,
         name: str,
         group_filter: GroupFilter | None = None,
+        episodes: EpisodeRunner | None = None,
     ) -> None:
         #: The prompt iterable itself: its position is checkpointed when it is a :class:`CheckpointablePrompts`.
         self._prompt_source = prompts
@@ -97,6 +98,8 @@ class ProductionLoop:
         self._clock = clock
         #: Drops finished groups before the queue (dynamic sampling); their prompts are replaced by new ones.
         self.group_filter = group_filter
+        #: Makes each sample a multi-turn episode (tools, an environment); None: one model turn per sample.
+        self.episodes = episodes
 
         # counters (checkpointed)
         self.param_version = 0

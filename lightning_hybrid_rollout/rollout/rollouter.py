@@ -21,6 +21,7 @@ from lightning_hybrid_rollout.rollout.event_loop import EventLoopThread
 from lightning_hybrid_rollout.rollout.group_filter import GroupFilter, GroupFilterFn
 from lightning_hybrid_rollout.rollout.load_balancer import LoadBalancer, ReplicaLike
 from lightning_hybrid_rollout.rollout.message_queue import MessageQueue
+from lightning_hybrid_rollout.rollout.partial_rollout import EpisodeRunner
 from lightning_hybrid_rollout.rollout.production import GroupScorer, ProductionLoop
 from lightning_hybrid_rollout.rollout.prompts import PromptItem as PromptItem  # re-exported
 from lightning_hybrid_rollout.rollout.role_window import RoleWindow as RoleWindow  # re-exported
@@ -62,6 +63,10 @@ class Rollouter(ProductionLoop):
             queue and a new prompt is admitted in its place (dynamic sampling). ``None``: every group is delivered.
         max_filtered_samples: Most samples the filter drops per parameter version; past it groups pass unfiltered,
             with one warning per version (``None``: no cap).
+        episodes: Makes each sample a multi-turn episode (model turn, tool/environment turn, ...): an
+            :class:`~lightning_hybrid_rollout.rollout.partial_rollout.EpisodeRunner` such as
+            :class:`~lightning_hybrid_rollout.agentic.runtime.EpisodeDriver` (docs/agentic.md). ``None``: one model
+            turn per sample.
 
     Example::
 
@@ -95,6 +100,7 @@ class Rollouter(ProductionLoop):
         name: str = "rollouter",
         group_filter: GroupFilterFn | None = None,
         max_filtered_samples: int | None = None,
+        episodes: EpisodeRunner | None = None,
     ) -> None:
         max_required = message_queue.maxsize if max_required_samples is None else max_required_samples
         if n_samples_per_prompt < 1:
@@ -134,6 +140,7 @@ class Rollouter(ProductionLoop):
             abort_timeout_s=abort_timeout_s,
             name=name,
             group_filter=None if group_filter is None else GroupFilter(group_filter, max_filtered_samples, name),
+            episodes=episodes,
         )
         self._thread: threading.Thread | None = None
         self._loop_thread: EventLoopThread | None = None

@@ -23,7 +23,10 @@ class Sample:
         finish_reason: ``"stop"`` (end token) or ``"length"`` (response length reached).
         num_segments: Number of engine requests it took (1 + partial-rollout retries).
         replica_ids: Replica that generated each segment, in order.
-        metadata: Task-specific data (for example the expected answer).
+        metadata: Task-specific data (for example the expected answer); a multi-turn episode's summary under
+            ``"episode"`` (turns, tool calls, messages, per-segment weight versions).
+        loss_mask: One per response token: 1 where the loss trains it, 0 on a tool/environment turn's tokens (a
+            multi-turn episode). Empty: every response token is trained.
     """
 
     uid: str
@@ -39,6 +42,7 @@ class Sample:
     num_segments: int = 1
     replica_ids: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
+    loss_mask: list[int] = field(default_factory=list)
 
     @property
     def response_length(self) -> int:

@@ -13,7 +13,13 @@ from lightning_hybrid_rollout.rollout.sample import Sample
 
 @dataclass
 class SampleState:
-    """One admitted sample: its kept segments, counts of its attempts and, once finished, its :class:`Sample`."""
+    """One admitted sample: its kept segments, counts of its attempts and, once finished, its :class:`Sample`.
+
+    A multi-turn episode also keeps its own prompt (``prompt_ids``: the group's, rendered with the tools and the
+    environment's reset text), one loss-mask entry per token (0 on tool/environment tokens), where its current
+    model turn starts (``turn_start`` in ``tokens``, ``turn_version_start`` in ``versions``) and its summary
+    (``episode``, plain data). A plain sample leaves them empty.
+    """
 
     uid: str
     group_id: str
@@ -29,6 +35,12 @@ class SampleState:
     aborted_segments: int = 0
     admitted_version: int = 0
     started_at: float | None = None
+    segment_starts: list[int] = field(default_factory=list)
+    prompt_ids: list[int] | None = None
+    loss_mask: list[int] | None = None
+    turn_start: int = 0
+    turn_version_start: int = 0
+    episode: dict[str, Any] | None = None
     result: Sample | None = None
 
     def keep_segment(
@@ -37,18 +49,41 @@ class SampleState:
         """Append a segment's output; a non-final segment without tokens is not kept."""
         if not tokens and not final:
             return
+        self.segment_starts.append(len(self.tokens))
+        if self.loss_mask is not None:
+            self.loss_mask.extend([1] * len(tokens))
         self.tokens.extend(tokens)
         self.logprobs.extend(logprobs)
         self.versions.append(version)
         self.replica_ids.append(replica_id)
 
     def drop_segments(self) -> None:
-        """Forget every kept segment (the sample restarts from scratch)."""
-        self.tokens, self.logprobs, self.versions, self.replica_ids = [], [], [], []
+        """Forget every kept segment of the current model turn (a plain sample restarts from scratch; an episode
+        keeps its finished turns)."""
+        t, v = self.turn_start, self.turn_version_start
+        del self.tokens[t:], self.logprobs[t:], self.versions[v:], self.replica_ids[v:], self.segment_starts[v:]
+        if self.loss_mask is not None:
+            del self.loss_mask[t:]
+
+    def add_env_tokens(self, token_ids: list[int]) -> None:
+        """Append a tool/environment turn's tokens (loss mask 0, log-prob 0.0); the next model turn starts after
+        them."""
+        if self.loss_mask is None:
+            self.loss_mask = [1] * len(self.tokens)
+        self.tokens.extend(token_ids)
+        self.logprobs.extend([0.0] * len(token_ids))
+        self.loss_mask.extend([0] * len(token_ids))
+        self.start_turn()
+
+    def start_turn(self) -> None:
+        """Mark the end of the kept tokens as where the next model turn starts."""
+        self.turn_start, self.turn_version_start = len(self.tokens), len(self.versions)
 
     def to_sample(self, group: PromptGroup, reason: str, now: float) -> Sample:
         """The finished sample (without its reward); ``metadata["rollout"]`` gets its generation time and counts."""
         metadata = dict(group.metadata)
+        if self.episode is not None:
+            metadata["episode"] = copy.deepcopy(self.episode)
         metadata["rollout"] = {
             "generation_s": now - (self.started_at if self.started_at is not None else now),
             "admitted_param_version": self.admitted_version,
@@ -58,7 +93,7 @@ class SampleState:
             uid=self.uid,
             group_id=self.group_id,
             prompt=group.prompt,
-            prompt_token_ids=list(group.prompt_token_ids),
+            prompt_token_ids=list(self.prompt_ids if self.prompt_ids is not None else group.prompt_token_ids),
             response_token_ids=list(self.tokens),
             response_logprobs=list(self.logprobs),
             min_weight_version=min(self.versions),
@@ -67,12 +102,13 @@ class SampleState:
             num_segments=len(self.versions),
             replica_ids=list(self.replica_ids),
             metadata=metadata,
+            loss_mask=list(self.loss_mask) if self.loss_mask is not None else [],
         )
 
     def to_state(self) -> dict[str, Any]:
         """Plain-data form for a checkpoint (lists copied, the finished sample as a dict)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "result"}
-        d = {k: (list(v) if isinstance(v, list) else v) for k, v in d.items()}
+        d = {k: (list(v) if isinstance(v, list) else copy.deepcopy(v)) for k, v in d.items()}
         d["result"] = dataclasses.asdict(self.result) if self.result is not None else None
         return d
 
@@ -82,7 +118,7 @@ class SampleState:
 
         The sample owns copies: continuing it never changes ``state`` (a checkpoint can be restored again).
         """
-        fields = {k: (list(v) if isinstance(v, list) else v) for k, v in state.items() if k != "result"}
+        fields = {k: (list(v) if isinstance(v, list) else copy.deepcopy(v)) for k, v in state.items() if k != "result"}
         st = cls(**{**fields, "started_at": None})
         result = state.get("result")
         st.result = Sample(**copy.deepcopy(dict(result))) if result is not None else None

@@ -446,3 +446,27 @@ def test_mask_truncated_drops_length_cut_responses_from_the_loss_and_the_fractio
     kept = GRPOModule(model=tiny_llama(), mask_truncated=False).loss_mask(batch)
     masked = GRPOModule(model=tiny_llama(), mask_truncated=True).loss_mask(batch)
     assert masked[::2].sum() == 0 and torch.equal(masked[1::2], kept[1::2]) and kept[::2].sum() > 0
+
+
+def test_a_multi_turn_episodes_tool_tokens_contribute_no_gradient() -> None:
+    """``Sample.loss_mask`` reaches the loss: the gradient w.r.t. each token's log-prob is 0 on tool/environment
+    tokens and not 0 on model tokens."""
+    module = GRPOModule(model=tiny_llama())
+    mask = [1, 1, 1, 0, 0, 0, 1, 1]
+    samples = [
+        Sample(f"u{i}", "g", "p", [5, 6, 7], [10 + i, 11, 12, 20, 21, 22, 13, 14], [-1.0] * 8, reward=float(i))
+        for i in range(2)
+    ]
+    for s in samples:
+        s.loss_mask = list(mask)
+    batch = collate_samples(samples, pad_token_id=0)
+    assert batch.response_mask[0, 3:11].tolist() == [float(m) for m in mask]
+    logp = module.token_logprobs(batch).detach().requires_grad_(True)
+    batch.rollout_logprobs[:, 1:] = logp.detach()  # on-policy: ratio 1, nothing clipped
+    module.token_logprobs = lambda b: logp  # the loss's own per-token log-probs, as a leaf to differentiate
+    loss, sums = module.compute_loss(batch)
+    (grad,) = torch.autograd.grad(loss, logp)
+    response = grad[:, 2:10]  # position t scores token t + 1: the response's 8 tokens
+    on = torch.tensor(mask, dtype=torch.bool)
+    assert sums["tokens"].item() == 2 * sum(mask)
+    assert (response[:, ~on] == 0).all() and (response[:, on] != 0).all()

@@ -1,0 +1,386 @@
+"""Multi-turn episodes in the rollouter: :class:`EpisodeDriver` is the rollouter's
+:class:`~lightning_hybrid_rollout.rollout.partial_rollout.EpisodeRunner`. It renders each episode's prompt (tools
+described, the environment's reset text appended), bounds each model turn, and after a finished turn runs its tool
+calls or the environment's step off the rollouter's event loop (async tools awaited, sync ones and every
+environment call in one bounded worker pool, each under a timeout) and appends their tokens as the chat template
+renders them; :class:`AgenticConfig` holds the callback's keys and :class:`EpisodeWindow` the per-cycle metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from lightning_hybrid_rollout.agentic.environments import (
+    EnvironmentFactory,
+    EpisodeEnvironment,
+    GymEnvironment,
+    append_to_prompt,
+    load_environment,
+)
+from lightning_hybrid_rollout.agentic.episode import PLAIN_CHAT_TEMPLATE, Episode, EpisodeBudget
+from lightning_hybrid_rollout.agentic.tool_parsers import DEFAULT_TOOL_PARSER, create_tool_parser
+from lightning_hybrid_rollout.agentic.tools import (
+    ToolResult,
+    ToolRunner,
+    load_tools,
+    template_renders_tools,
+    tools_system_message,
+)
+from lightning_hybrid_rollout.errors import AgentEnvironmentError, ConfigError
+
+__all__ = ["AgenticConfig", "EpisodeDriver", "EpisodeWindow"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AgenticConfig:
+    """The callback's multi-turn keys (``tools``, ``environment``, ... beside ``dataset`` and ``reward_funcs``)."""
+
+    tools: tuple[str, ...] = ()
+    """Tools by import path (``"my_tools.py:add"``): typed functions with a Google-style docstring."""
+    environment: str | None = None
+    """An environment class or factory by import path, one instance per episode (TRL's or Gymnasium's convention)."""
+    environment_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the environment's constructor (or factory)."""
+    tool_parser: str = DEFAULT_TOOL_PARSER
+    """The tool-call parser's registered name (``register_tool_parser``)."""
+    max_turns: int = 8
+    """The most model turns of one episode."""
+    max_episode_tokens: int = 4096
+    """The most tokens of one episode's trained sequence, prompt included."""
+    tool_timeout_s: float = 30.0
+    """The most seconds one tool call or environment call may take (past it the model reads an error)."""
+    tool_workers: int = 4
+    """Threads running sync tools and environment calls, shared by every episode of the run."""
+    log_rollouts: int = 0
+    """Finished samples written per cycle to ``<run dir>/rollouts/cycle_<k>.jsonl`` (0: none)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tools", tuple(self.tools))
+        object.__setattr__(self, "environment_kwargs", dict(self.environment_kwargs or {}))
+        problems = []
+        for key in ("max_turns", "max_episode_tokens", "tool_workers"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                problems.append(f"{key} must be an integer >= 1, got {value!r}")
+        if isinstance(self.log_rollouts, bool) or not isinstance(self.log_rollouts, int) or self.log_rollouts < 0:
+            problems.append(f"log_rollouts must be an integer >= 0 (0: none), got {self.log_rollouts!r}")
+        if not (isinstance(self.tool_timeout_s, int | float) and self.tool_timeout_s > 0):
+            problems.append(f"tool_timeout_s must be > 0, got {self.tool_timeout_s!r}")
+        if self.environment_kwargs and not self.environment:
+            problems.append("environment_kwargs is set but environment is not; name the environment")
+        if problems:
+            raise ConfigError(problems)
+
+    @property
+    def enabled(self) -> bool:
+        """True when samples are multi-turn episodes (a tool or an environment is configured)."""
+        return bool(self.tools or self.environment)
+
+
+@dataclass
+class EpisodeWindow:
+    """What the episodes finished (and their tool/environment calls) since the window was last taken."""
+
+    episodes: int = 0
+    turns_total: int = 0
+    turns_max: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    env_time_s: float = 0.0
+    episode_tokens: int = 0
+    model_tokens: int = 0
+    response_tokens: int = 0
+    episodes_restarted: int = 0
+
+    def metrics(self) -> dict[str, float]:
+        """The ``rollout/*`` metrics of the window (means over its finished episodes; 0 without any)."""
+        n = max(self.episodes, 1)
+        return {
+            "rollout/turns_mean": self.turns_total / n,
+            "rollout/turns_max": float(self.turns_max),
+            "rollout/tool_calls": float(self.tool_calls),
+            "rollout/tool_errors": float(self.tool_errors),
+            "rollout/env_time_s": self.env_time_s,
+            "rollout/episode_tokens_mean": self.episode_tokens / n,
+            "rollout/model_token_fraction": self.model_tokens / max(self.response_tokens, 1),
+            "rollout/episodes_restarted": float(self.episodes_restarted),
+        }
+
+
+@dataclass
+class _Live:
+    """One running episode's objects (not plain data: a checkpoint cannot keep them)."""
+
+    episode: Episode
+    env: EpisodeEnvironment | None
+    runner: ToolRunner
+    tool_calls: int = 0
+    tool_errors: int = 0
+    env_time_s: float = 0.0
+    last_reason: str = "stop"
+
+
+class EpisodeDriver:
+    """Runs the rollouter's samples as multi-turn episodes (see the module docstring and docs/agentic.md).
+
+    Args:
+        config: The multi-turn keys; tools and the environment are loaded and checked here (one line each).
+        tokenizer: The model's tokenizer (its chat template renders prompts and tool/environment turns).
+        max_turn_tokens: The most tokens one model turn may have (``rollout.response_length``).
+        chat_template: A template instead of the tokenizer's (:data:`PLAIN_CHAT_TEMPLATE` when it has none).
+        prompt_key: The metadata key of a sample's prompt record (its ``messages``, None for a plain prompt).
+        reserved_keys: Metadata keys that are not data set columns (never passed to ``reset``).
+
+    Raises:
+        ToolError, AgentEnvironmentError, ConfigError: bad input, one line.
+    """
+
+    def __init__(
+        self,
+        config: AgenticConfig,
+        tokenizer: Any,
+        *,
+        max_turn_tokens: int,
+        chat_template: str | None = None,
+        prompt_key: str = "lhr_prompt",
+        reserved_keys: Sequence[str] = ("lhr_prompt", "rollout", "episode"),
+    ) -> None:
+        if not config.enabled:
+            raise ConfigError("an EpisodeDriver needs tools or an environment")
+        self.config = config
+        self.tokenizer = tokenizer
+        self.max_turn_tokens = int(max_turn_tokens)
+        self.chat_template = chat_template or (
+            None if getattr(tokenizer, "chat_template", None) else PLAIN_CHAT_TEMPLATE
+        )
+        self.prompt_key = prompt_key
+        self.reserved_keys = frozenset(reserved_keys)
+        self.tools = load_tools(list(config.tools))
+        self.factory: EnvironmentFactory | None = (
+            load_environment(config.environment, config.environment_kwargs) if config.environment else None
+        )
+        self.parser = create_tool_parser(config.tool_parser)
+        self.budget = EpisodeBudget(config.max_turns, config.max_episode_tokens)
+        self._pool = ThreadPoolExecutor(max_workers=config.tool_workers, thread_name_prefix="lhr-env")
+        self._live: dict[str, _Live] = {}
+        self._renders_tools: dict[tuple[str, ...], bool] = {}
+        self._lock = threading.Lock()  # the window is taken from the trainer's thread
+        self._window = EpisodeWindow()
+        #: Episodes restarted from their prompt since the run began (in flight at a checkpoint or a lost driver).
+        self.episodes_restarted = 0
+
+    # ---------------------------------------------------------------------------------------- EpisodeRunner
+
+    async def begin(self, st: Any, group: Any) -> None:
+        """Start ``st``'s episode: make and reset its environment, render its prompt into ``st.prompt_ids``.
+
+        An episode with kept tokens but no live state here (restored from a checkpoint: its environment could not
+        be saved) restarts from its prompt, counted in ``rollout/episodes_restarted``.
+        """
+        if st.uid in self._live:
+            return
+        if st.episode is not None or st.tokens:
+            st.turn_start = st.turn_version_start = 0
+            st.drop_segments()
+            st.episode = None
+            self.episodes_restarted += 1
+            with self._lock:
+                self._window.episodes_restarted += 1
+            logger.info("episode %s restarted from its prompt (its environment was not checkpointed)", st.uid)
+        env = None
+        reset_text = None
+        if self.factory is not None:
+            env = await self._offload(self.factory.make)
+            row = {k: v for k, v in group.metadata.items() if k not in self.reserved_keys}
+            reset_text = await self._offload(env.reset, row, st.seed)
+        tools = [*self.tools, *(env.tools if env is not None else [])]
+        schemas = [t.schema for t in tools]
+        record = group.metadata.get(self.prompt_key) or {}
+        messages = record.get("messages")
+        messages = [dict(m) for m in messages] if messages else [{"role": "user", "content": group.prompt}]
+        renders = self._template_renders(schemas)
+        if schemas and not renders:
+            messages = tools_system_message(messages, schemas, self.parser)
+        messages = append_to_prompt(messages, reset_text)
+        template_tools = schemas if schemas and renders else None
+        text = self.tokenizer.apply_chat_template(
+            messages,
+            tools=template_tools,
+            chat_template=self.chat_template,
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        episode = Episode(messages, ids, self.tokenizer, self.budget, self.chat_template, template_tools)
+        if episode.done:
+            raise AgentEnvironmentError(
+                f"episode {st.uid}: its prompt has {len(ids)} tokens, not under max_episode_tokens="
+                f"{self.budget.max_episode_tokens}; raise max_episode_tokens or shorten the prompt"
+            )
+        runner = ToolRunner(tools, timeout_s=self.config.tool_timeout_s, pool=self._pool)
+        self._live[st.uid] = _Live(episode, env, runner)
+        st.prompt_ids = ids
+        st.loss_mask = []
+        st.start_turn()
+        st.episode = {"turns": 0, "tool_calls": 0, "tool_errors": 0}
+
+    def turn_limit(self, st: Any) -> int:
+        """The current turn's room: ``max_turn_tokens`` per turn, within the episode's token budget."""
+        live = self._live.get(st.uid)
+        if live is None or live.episode.done:
+            return 0
+        in_turn = len(st.tokens) - st.turn_start
+        return max(0, min(self.max_turn_tokens - in_turn, live.episode.remaining_tokens - in_turn))
+
+    async def after_turn(self, st: Any, reason: str) -> str | None:
+        """Record the finished model turn; run its tool calls or the environment's step; append their tokens.
+
+        Returns ``None`` when the next model turn follows, else the sample's finish reason (the last turn's).
+        """
+        live = self._live[st.uid]
+        episode = live.episode
+        live.last_reason = reason
+        v0 = st.turn_version_start
+        if len(st.versions) > v0:  # a turn with at least one engine segment
+            ids, logprobs = st.tokens[st.turn_start :], st.logprobs[st.turn_start :]
+            starts = [s - st.turn_start for s in st.segment_starts[v0:]]
+            episode.add_model_turn(ids, logprobs, st.versions[v0:], starts)
+        else:
+            episode.finish("max_episode_tokens")
+        if episode.done:
+            return await self._end(st, live)
+        text = episode.messages[-1].get("content") or ""
+        messages = await self._answer(live, text)
+        if episode.done or not messages:
+            return await self._end(st, live)
+        appended = episode.add_messages(messages)
+        if appended is None:
+            return await self._end(st, live)
+        st.add_env_tokens(appended)
+        st.episode = self._summary(live)
+        return None
+
+    # ---------------------------------------------------------------------------------------------- internals
+
+    async def _answer(self, live: _Live, text: str) -> list[dict[str, Any]]:
+        """The messages answering a model turn (the episode is finished instead when nothing answers it)."""
+        episode = live.episode
+        if isinstance(live.env, GymEnvironment):
+            t0 = time.monotonic()
+            try:
+                result = await self._offload(live.env.step, text)
+            except Exception as err:  # a raising or hanging step: the model reads it, the run goes on
+                live.tool_errors += 1
+                return [{"role": "user", "content": f"Error: the environment failed: {_describe(err, self)}"}]
+            finally:
+                live.env_time_s += time.monotonic() - t0
+            live.tool_calls += 1
+            if result.error is not None:
+                live.tool_errors += 1
+                episode.finish("error")
+                return []
+            if result.done:
+                episode.finish("environment_done")
+                return []
+            return [{"role": "user", "content": result.observation}]
+        malformed_before = self.parser.malformed
+        parsed = self.parser.parse(text)
+        if not parsed.wants_tools:
+            episode.finish("no_tool_call")
+            return []
+        live.tool_errors += self.parser.malformed - malformed_before
+        answers: list[dict[str, Any]] = [{"role": "tool", "content": error} for error in parsed.errors]
+        for call in parsed.calls:
+            t0 = time.monotonic()
+            result: ToolResult = await live.runner.run(call)
+            live.env_time_s += time.monotonic() - t0
+            live.tool_calls += 1
+            live.tool_errors += result.error is not None
+            answers.append(result.message)
+        return answers
+
+    async def _end(self, st: Any, live: _Live) -> str:
+        """Close the episode: its environment's reward, its summary in ``st.episode``, the window's counts."""
+        self._live.pop(st.uid, None)
+        episode = live.episode
+        env_reward = None
+        if live.env is not None:
+            try:
+                env_reward = await self._offload(live.env.reward)
+            except Exception as err:  # the environment's fault: counted, the episode keeps no reward of its own
+                live.tool_errors += 1
+                logger.warning("episode %s: the environment's reward failed: %s", st.uid, _describe(err, self))
+            try:
+                await self._offload(live.env.close)
+            except Exception as err:
+                logger.warning("episode %s: the environment's close() failed: %s", st.uid, _describe(err, self))
+        st.episode = self._summary(live)
+        st.episode["env_reward"] = env_reward
+        model = sum(st.loss_mask or [])
+        with self._lock:
+            w = self._window
+            w.episodes += 1
+            w.turns_total += episode.num_model_turns
+            w.turns_max = max(w.turns_max, episode.num_model_turns)
+            w.tool_calls += live.tool_calls
+            w.tool_errors += live.tool_errors
+            w.env_time_s += live.env_time_s
+            w.episode_tokens += len(st.prompt_ids or []) + len(st.tokens)
+            w.model_tokens += model
+            w.response_tokens += len(st.tokens)
+        return live.last_reason
+
+    def _summary(self, live: _Live) -> dict[str, Any]:
+        episode = live.episode
+        return {
+            "turns": episode.num_model_turns,
+            "tool_calls": live.tool_calls,
+            "tool_errors": live.tool_errors,
+            "env_time_s": live.env_time_s,
+            "stop_reason": episode.stop_reason,
+            "messages": [dict(m) for m in episode.messages],
+            "weight_versions": episode.weight_versions,
+            "template_fallbacks": episode.template_fallbacks,
+        }
+
+    def _template_renders(self, schemas: list[dict[str, Any]]) -> bool:
+        key = tuple(sorted(s["function"]["name"] for s in schemas))
+        if key not in self._renders_tools:
+            self._renders_tools[key] = self.chat_template is None and template_renders_tools(self.tokenizer, schemas)
+        return self._renders_tools[key]
+
+    async def _offload(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` in the worker pool under ``tool_timeout_s`` (the rollouter's loop keeps serving)."""
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._pool, functools.partial(fn, *args))
+        return await asyncio.wait_for(future, self.config.tool_timeout_s)
+
+    def take_window(self) -> EpisodeWindow:
+        """The window's counts, and a new window (called once per cycle from the trainer's thread)."""
+        with self._lock:
+            window, self._window = self._window, EpisodeWindow()
+        return window
+
+    @property
+    def live_episodes(self) -> int:
+        """Episodes started and not yet finished."""
+        return len(self._live)
+
+    def close(self) -> None:
+        """Stop the worker pool (calls still running finish on their own)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _describe(err: BaseException, driver: EpisodeDriver) -> str:
+    if isinstance(err, TimeoutError):
+        return f"no answer within {driver.config.tool_timeout_s:g} s"
+    return f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"

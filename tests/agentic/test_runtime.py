@@ -1,0 +1,234 @@
+"""EpisodeDriver inside a real Rollouter, on scripted in-process replicas: the trained sequence of a multi-turn
+episode, its loss mask, tool errors reported to the model, tools off the loop, and a turn aborted mid-way and
+continued elsewhere running each tool call once."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from lightning_hybrid_rollout.agentic.runtime import AgenticConfig, EpisodeDriver
+from lightning_hybrid_rollout.errors import AgentEnvironmentError, ConfigError, ToolError
+from lightning_hybrid_rollout.rollout.engine import GenerationResult, SamplingSpec
+from lightning_hybrid_rollout.rollout.message_queue import MessageQueue
+from lightning_hybrid_rollout.rollout.rollouter import Rollouter
+
+CALLS: list[tuple[int, int]] = []
+LOCK = threading.Lock()
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    with LOCK:
+        CALLS.append((a, b))
+    return a + b
+
+
+def explode(x: int) -> int:
+    """Raise.
+
+    Args:
+        x: Anything.
+    """
+    raise ValueError("boom")
+
+
+def slow(x: int) -> int:
+    """Sleep past the timeout.
+
+    Args:
+        x: Anything.
+    """
+    time.sleep(0.5)
+    return x
+
+
+class ScriptedReplica:
+    """A ``ReplicaLike`` answering turn ``k`` of an episode with ``script[k]`` (text, then the end token).
+
+    The turn is read from the prompt: the end tokens it holds beyond the episode's first request's (two per turn:
+    the model's, the tool message's). ``abort_after`` aborts the first request of each turn after that many tokens
+    (as a hybrid deactivation does), so the turn continues from its prefix.
+    """
+
+    def __init__(
+        self, replica_id: str, tok: Any, script: list[str], abort_after: int | None = None, delay: float = 0.0
+    ) -> None:
+        self.replica_id, self.tok, self.script = replica_id, tok, script
+        self.is_alive = True
+        self.abort_after = abort_after
+        self.delay = delay
+        self.requests: list[tuple[str, list[int], int]] = []
+        self.aborted_turns: set[tuple[str, int]] = set()
+        self.base_ends: dict[str, int] = {}
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec) -> GenerationResult:
+        self.requests.append((request_id, list(prompt_token_ids), sampling.max_tokens))
+        eos = self.tok.eos_token_id
+        uid = request_id.rsplit(":", 1)[0]
+        base = self.base_ends.setdefault(uid, prompt_token_ids.count(eos))  # the prompt's own end tokens
+        turn = (prompt_token_ids.count(eos) - base) // 2  # each turn: the model's end token, the tool message's
+        full = self.tok(self.script[min(turn, len(self.script) - 1)], add_special_tokens=False)["input_ids"] + [eos]
+        # the part of this turn already kept (a continuation after an abort): after the last end token/tool turn
+        done = self._kept(prompt_token_ids, full)
+        rest = full[done:][: sampling.max_tokens]
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.abort_after is not None and (uid, turn) not in self.aborted_turns and len(rest) > self.abort_after:
+            self.aborted_turns.add((uid, turn))
+            cut = rest[: self.abort_after]
+            return GenerationResult(request_id, cut, [-0.5] * len(cut), "abort", 3, self.replica_id, {})
+        reason = "stop" if rest and rest[-1] == eos else "length"
+        return GenerationResult(request_id, rest, [-0.25] * len(rest), reason, 4, self.replica_id, {})
+
+    def _kept(self, prompt: list[int], full: list[int]) -> int:
+        for n in range(min(len(full), len(prompt)), 0, -1):
+            if prompt[-n:] == full[:n]:
+                return n
+        return 0
+
+    async def abort(self, request_ids: list[str]) -> None:
+        return None
+
+
+def run_episodes(replicas: list[Any], driver: EpisodeDriver, n: int = 2, prompts: int = 1) -> list[Any]:
+    queue = MessageQueue(maxsize=n * prompts)
+    rollouter = Rollouter(
+        [{"prompt": "What is 2+3?"} for _ in range(prompts)],
+        lambda text: [1],
+        lambda sample: 0.0,
+        queue,
+        sampling=SamplingSpec(max_tokens=64),
+        replicas=replicas,
+        n_samples_per_prompt=n,
+        episodes=driver,
+    )
+    rollouter.start()
+    try:
+        samples = queue.get_batch(n * prompts, timeout=30)
+    finally:
+        rollouter.stop()
+    assert rollouter.error is None
+    return samples
+
+
+def call(a: int, b: int) -> str:
+    return f'<tool_call>{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}</tool_call>'
+
+
+@pytest.fixture(autouse=True)
+def _clear_calls() -> None:
+    CALLS.clear()
+
+
+def driver_for(tok: Any, tools: list[str], **kw: Any) -> EpisodeDriver:
+    return EpisodeDriver(AgenticConfig(tools=tuple(tools), **kw), tok, max_turn_tokens=64)
+
+
+def test_the_trained_sequence_is_prompt_then_engine_tokens_then_rendered_tool_turns(smollm2_tokenizer) -> None:
+    tok = smollm2_tokenizer
+    script = [call(2, 3), call(5, 1), "It is 6."]
+    replica = ScriptedReplica("r0", tok, script)
+    driver = driver_for(tok, [add])
+    [sample, _] = run_episodes([replica], driver)
+    ep = sample.metadata["episode"]
+    assert ep["turns"] == 3 and ep["tool_calls"] == 2 and ep["stop_reason"] == "no_tool_call"
+    assert sorted(CALLS) == sorted([(2, 3), (5, 1)] * 2)  # two episodes, each call once
+    # the model tokens are exactly what the engine returned, in order, under mask 1
+    eos = tok.eos_token_id
+    engine = [tok(text, add_special_tokens=False)["input_ids"] + [eos] for text in script]
+    mask, resp = sample.loss_mask, sample.response_token_ids
+    assert len(mask) == len(resp) == len(sample.response_logprobs)
+    runs, cur, cur_mask = [], [], None
+    for t, m in zip(resp, mask):
+        if m != cur_mask and cur:
+            runs.append((cur_mask, cur))
+            cur = []
+        cur_mask = m
+        cur.append(t)
+    runs.append((cur_mask, cur))
+    assert [r for m, r in runs if m == 1] == engine
+    assert [m for m, _ in runs] == [1, 0, 1, 0, 1]
+    # the tool turns are the template's rendering: the whole sequence decodes to the conversation's rendering
+    rendered = tok.apply_chat_template(ep["messages"], tokenize=False)
+    decoded = tok.decode(sample.prompt_token_ids + resp, skip_special_tokens=False)
+    assert decoded.rstrip("\n") == rendered.rstrip("\n")  # the template ends its last turn with a newline
+    assert [m["content"] for m in ep["messages"] if m["role"] == "tool"] == ["5", "6"]
+    # log-probs: the engine's on model tokens, 0 on tool tokens
+    assert all(lp == -0.25 for lp, m in zip(sample.response_logprobs, mask) if m == 1)
+    assert all(lp == 0.0 for lp, m in zip(sample.response_logprobs, mask) if m == 0)
+    window = driver.take_window().metrics()
+    assert window["rollout/turns_mean"] == 3 and window["rollout/tool_calls"] == 4
+    assert 0 < window["rollout/model_token_fraction"] < 1
+
+
+def test_malformed_json_a_raising_tool_and_a_hanging_tool_are_counted_and_read_by_the_model(smollm2_tokenizer) -> None:
+    tok = smollm2_tokenizer
+    script = [
+        '<tool_call>{"name": "add", "arguments": {"a": 1,</tool_call>',
+        '<tool_call>{"name": "explode", "arguments": {"x": 1}}</tool_call>',
+        '<tool_call>{"name": "slow", "arguments": {"x": 1}}</tool_call>',
+        "ok",
+    ]
+    driver = driver_for(tok, [add, explode, slow], tool_timeout_s=0.2)
+    [sample] = run_episodes([ScriptedReplica("r0", tok, script)], driver, n=1)
+    ep = sample.metadata["episode"]
+    assert ep["turns"] == 4 and ep["tool_errors"] == 3
+    tool_texts = [m["content"] for m in ep["messages"] if m["role"] == "tool"]
+    assert "JSON" in tool_texts[0] or "json" in tool_texts[0].lower()
+    assert "ValueError: boom" in tool_texts[1]
+    assert "timed out" in tool_texts[2]
+    assert driver.take_window().metrics()["rollout/tool_errors"] == 3
+
+
+def test_each_turn_aborted_mid_way_continues_from_its_prefix_and_each_tool_runs_once(smollm2_tokenizer) -> None:
+    tok = smollm2_tokenizer
+    script = [call(2, 3), call(5, 1), "It is 6."]
+    hybrid = ScriptedReplica("h0", tok, script, abort_after=5)
+    driver = driver_for(tok, [add])
+    [sample] = run_episodes([hybrid], driver, n=1)
+    ep = sample.metadata["episode"]
+    assert ep["turns"] == 3 and CALLS == [(2, 3), (5, 1)]
+    assert sample.num_segments == 6  # every turn: an aborted segment, then its continuation
+    assert ep["weight_versions"] == [3, 4, 3, 4, 3, 4] and sample.min_weight_version == 3
+    engine = [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in script]
+    model = [t for t, m in zip(sample.response_token_ids, sample.loss_mask) if m == 1]
+    assert model == [t for turn in engine for t in turn]
+
+
+def test_a_slow_tool_does_not_hold_the_loop_other_episodes_keep_generating(smollm2_tokenizer) -> None:
+    tok = smollm2_tokenizer
+
+    nap = '<tool_call>{"name": "slow", "arguments": {"seconds": 0.5}}</tool_call>'
+    replica = ScriptedReplica("r0", tok, [nap, "done"])
+    driver = EpisodeDriver(
+        AgenticConfig(tools=("tests/agentic/my_tools.py:slow",), tool_timeout_s=5), tok, max_turn_tokens=64
+    )
+    t0 = time.monotonic()
+    samples = run_episodes([replica], driver, n=4)
+    elapsed = time.monotonic() - t0
+    # four episodes each sleep 0.5 s in a sync tool: in the pool together, not one after another on the loop
+    assert len(samples) == 4 and elapsed < 1.6, elapsed
+
+
+def test_bad_input_is_one_line_before_anything_starts(smollm2_tokenizer) -> None:
+    with pytest.raises(ConfigError, match="max_turns must be an integer >= 1"):
+        AgenticConfig(tools=("x.py:f",), max_turns=0)
+
+    def undocumented(a: int) -> int:
+        return a
+
+    with pytest.raises(ToolError, match="undocumented"):
+        driver_for(smollm2_tokenizer, [undocumented])
+    with pytest.raises(AgentEnvironmentError, match=r"no_such_env\.py") as err:
+        EpisodeDriver(AgenticConfig(environment="no_such_env.py:Env"), smollm2_tokenizer, max_turn_tokens=8)
+    assert "\n" not in str(err.value)
