@@ -165,3 +165,25 @@ def test_a_keep_mode_adapter_sync_carries_the_frozen_request_on_under_the_new_ad
     # every token after the split is adapter B's greedy choice given what came before it (the KV was recomputed)
     tail = hf_reference.greedy(merged_b, prompt + result.token_ids[:split], 160 - split)
     assert result.token_ids[split:] == tail
+
+
+def test_the_collective_transport_carries_the_adapter_too(
+    lora_replica, tiny_model_dir, hf_reference, run_async
+) -> None:
+    """The adapter goes through any transport's engine-side receiver: here a gloo broadcast group."""
+    from lightning_hybrid_rollout.rollout.weights.router import WeightRouter
+
+    items, merged = _adapter(tiny_model_dir, seed=6)
+    ref = [hf_reference.greedy(merged, p, 12) for p in PROMPTS]
+    router = WeightRouter("collective")
+
+    async def go() -> tuple[Any, list[list[int]]]:
+        report = await router.push(items, [lora_replica], 41, bucket_bytes=50_000)
+        return report, await _greedy(lora_replica, "collective")
+
+    try:
+        report, out = run_async(go())
+    finally:
+        router.close()
+    assert report.per_replica_transport == {"lora0": "collective"}
+    assert report.replica_checksums == {"lora0": checksum_state(items)} and out == ref
