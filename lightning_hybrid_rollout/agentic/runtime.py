@@ -199,9 +199,17 @@ class EpisodeDriver:
         env = None
         reset_text = None
         if self.factory is not None:
-            env = await self._offload(self.factory.make)
             row = {k: v for k, v in group.metadata.items() if k not in self.reserved_keys}
-            reset_text = await self._offload(env.reset, row, st.seed)
+            try:
+                env = await self._offload(self.factory.make)
+                reset_text = await self._offload(env.reset, row, st.seed)
+            except AgentEnvironmentError:
+                raise
+            except Exception as err:  # without a reset there is no episode: the run stops, one line
+                raise AgentEnvironmentError(
+                    f"environment {self.factory.spec!r}: reset() failed for episode {st.uid}: "
+                    f"{_describe(err, self)}; fix the environment"
+                ) from err
         tools = [*self.tools, *(env.tools if env is not None else [])]
         schemas = [t.schema for t in tools]
         record = group.metadata.get(self.prompt_key) or {}

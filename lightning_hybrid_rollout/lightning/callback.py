@@ -19,6 +19,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
+from lightning_hybrid_rollout.agentic.runtime import AgenticConfig
 from lightning_hybrid_rollout.config import (
     RUN_CONFIG_FILE,
     AsyncTrainingConfig,
@@ -33,6 +34,7 @@ from lightning_hybrid_rollout.lightning.lora import check_adapter_sync, check_lo
 from lightning_hybrid_rollout.lightning.overlap import OverlapSync
 from lightning_hybrid_rollout.lightning.placement import rank_node_ips
 from lightning_hybrid_rollout.lightning.recent import RecentList
+from lightning_hybrid_rollout.lightning.rollout_log import RolloutLog
 from lightning_hybrid_rollout.lightning.trainer_side import StepTimes, TrainerSide
 from lightning_hybrid_rollout.lightning.workload import Workload, attach_batch_source, load_workload
 from lightning_hybrid_rollout.models.model_path import take_model_path
@@ -104,6 +106,21 @@ class HybridRolloutCallback(Callback):
         reward_error: What a reward function that raises, times out, or returns NaN or the wrong number of values
             does: ``"fail"`` stops the run with one line naming the function and the prompt; ``"zero"`` scores
             those samples 0 and counts them (``train/reward_errors``).
+        tools: Tools the model may call, by import path (``"my_tools.py:add"``, ``"pkg.module:search"``): typed
+            functions with a Google-style docstring, sync or async (TRL's convention). Any tool or ``environment``
+            makes every sample a multi-turn episode (docs/agentic.md).
+        environment: An environment class or factory by import path, one instance per episode: TRL's convention
+            (``reset(**row)``, public methods as tools, ``get_reward()``) or Gymnasium's (``reset(seed, options)``,
+            ``step(text)``). With it ``dataset`` is optional (each prompt is the reset text) and ``reward_funcs``
+            too (the environment's reward alone; with both, their sum).
+        environment_kwargs: Keyword arguments of the environment's constructor (or factory).
+        tool_parser: The registered tool-call parser reading the model's calls (``"hermes"``).
+        max_turns: The most model turns of one episode.
+        max_episode_tokens: The most tokens of one episode's trained sequence, prompt included.
+        tool_timeout_s: The most seconds one tool call or environment call may take; past it the model reads an
+            error and the call is counted in ``rollout/tool_errors``.
+        log_rollouts: Write the first N samples trained on each cycle to ``<run dir>/rollouts/cycle_<k>.jsonl``
+            (messages, token ids, loss mask, log-probs, weight versions, reward); 0: none.
         build_model: If ``rollout.model_path`` holds no model yet, build a tiny local one there (CPU quickstart):
             ``True`` for the defaults, or a :class:`~lightning_hybrid_rollout.config.TinyModelConfig` (its size,
             seed and ``format_warmup_steps``). The trainer's wait limit is ``async_training.wait_timeout_s``.
@@ -130,6 +147,14 @@ class HybridRolloutCallback(Callback):
         reward_workers: int = 1,
         reward_timeout_s: float = 60.0,
         reward_error: Literal["fail", "zero"] = "fail",
+        tools: list[str] | None = None,
+        environment: str | None = None,
+        environment_kwargs: dict[str, Any] | None = None,
+        tool_parser: str = "hermes",
+        max_turns: int = 8,
+        max_episode_tokens: int = 4096,
+        tool_timeout_s: float = 30.0,
+        log_rollouts: int = 0,
         build_model: bool | TinyModelConfig = False,
         summary_every_n_cycles: int = 10,
         trace: bool = True,
@@ -154,6 +179,18 @@ class HybridRolloutCallback(Callback):
             reward_timeout_s=reward_timeout_s,
             reward_error=reward_error,
         )
+        #: The multi-turn keys (tools and environment loaded, with the tokenizer, before anything starts).
+        self.agentic = AgenticConfig(
+            tools=tuple(tools or ()),
+            environment=environment,
+            environment_kwargs=dict(environment_kwargs or {}),
+            tool_parser=tool_parser,
+            max_turns=max_turns,
+            max_episode_tokens=max_episode_tokens,
+            tool_timeout_s=tool_timeout_s,
+            log_rollouts=log_rollouts,
+        )
+        self._rollout_log: RolloutLog | None = None
         self._workload: Workload | None = None
         self._validation: Any = None
         #: The tiny model to build at ``rollout.model_path`` if it holds none (None: never build).
@@ -315,6 +352,7 @@ class HybridRolloutCallback(Callback):
             task_kwargs=self.task_kwargs,
             rewards=self.rewards,
             rollout=self.rollout,
+            agentic=self.agentic,
         )
         self._tokenizer = self._workload.tokenizer
         from lightning_hybrid_rollout.lightning.validation import attach_validation
@@ -368,6 +406,8 @@ class HybridRolloutCallback(Callback):
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.agentic.log_rollouts:
+            self._rollout_log = RolloutLog(self._run_dir, self.agentic.log_rollouts)
         self._report = CycleReport(
             ledger=self._ledger,
             runtime=self._runtime,
@@ -378,6 +418,7 @@ class HybridRolloutCallback(Callback):
             summary_every_n_cycles=self.summary_every_n_cycles,
             has_hybrid=self.rollout.hybrid_replicas > 0,
             overlap=self._overlap if self.async_training.overlap_sync else None,
+            rollout_log=self._rollout_log,
         )
         self._ledger.shape = dataclasses.replace(self._ledger.shape, hybrid_devices=trainer.world_size)
         ranks = self._trainer_side.start_fit(trainer)
@@ -591,6 +632,8 @@ class HybridRolloutCallback(Callback):
         self._ledger.add_batch(waited, queue_before, len(samples), sum(s.response_length for s in samples))
         self.samples_consumed += len(samples)
         self._step_samples = len(samples)
+        if self._rollout_log is not None:
+            self._rollout_log.keep(samples)
         return samples
 
     @override

@@ -6,8 +6,9 @@
 - every cycle: its end's measurements (:class:`~lightning_hybrid_rollout.schedule.cycle.CycleEnd`) closed in the
   :class:`~lightning_hybrid_rollout.schedule.cycle.CycleLedger`, the ``dynamic_resource/*`` values and
   ``rollout/prefix_cache_hit_rate`` (and, with ``rollout.filter_groups``, ``rollout/filtered_groups`` and
-  ``rollout/filtered_fraction``) written once to the trainer's loggers, a trace counter, and every
-  ``summary_every_n_cycles`` cycles one console line.
+  ``rollout/filtered_fraction``; with multi-turn episodes ``rollout/turns_mean`` and the other
+  :class:`~lightning_hybrid_rollout.agentic.runtime.EpisodeWindow` values) written once to the trainer's loggers, a
+  trace counter, ``log_rollouts``' file, and every ``summary_every_n_cycles`` cycles one console line.
 
 The callback builds one per fit (at ``on_train_start``) and passes its own counters to each call.
 """
@@ -23,6 +24,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_hybrid_rollout import metrics as M
 from lightning_hybrid_rollout.lightning.overlap import OverlapSync
+from lightning_hybrid_rollout.lightning.rollout_log import RolloutLog
 from lightning_hybrid_rollout.lightning.workload import Workload
 from lightning_hybrid_rollout.schedule import DynamicResourceController, DynamicSchedulePolicyBase
 from lightning_hybrid_rollout.schedule.cycle import CycleEnd, CycleLedger
@@ -54,6 +56,7 @@ class CycleReport:
         summary_every_n_cycles: A console line after the first cycle and every N cycles (0: never).
         has_hybrid: Whether the run has hybrid replicas (else no ``deactivate_ratio`` is emitted).
         overlap: The callback's ``overlap_sync`` (the seconds it saved per cycle); None: the option is off.
+        rollout_log: ``log_rollouts``' writer (None: the option is off).
     """
 
     def __init__(
@@ -68,6 +71,7 @@ class CycleReport:
         summary_every_n_cycles: int,
         has_hybrid: bool,
         overlap: OverlapSync | None = None,
+        rollout_log: RolloutLog | None = None,
     ) -> None:
         self.ledger = ledger
         self.runtime = runtime
@@ -78,6 +82,7 @@ class CycleReport:
         self.summary_every_n_cycles = summary_every_n_cycles
         self.has_hybrid = has_hybrid
         self.overlap = overlap
+        self.rollout_log = rollout_log
         self.fit_start = clock()
         self._filtering: Any = None  # the group filter's window of the cycle being closed
 
@@ -166,6 +171,11 @@ class CycleReport:
         if self._filtering is not None and getattr(self.workload, "group_filter", None) is not None:
             values[FILTERED_GROUPS] = float(self._filtering.filtered_groups)
             values[FILTERED_FRACTION] = float(self._filtering.filtered_fraction)
+        episodes = getattr(self.workload, "episodes", None)
+        if episodes is not None:
+            values.update(episodes.take_window().metrics())
+        if self.rollout_log is not None:
+            self.rollout_log.write(cycle)
         for logger in trainer.loggers:
             logger.log_metrics(values, step=trainer.fit_loop.epoch_loop._batches_that_stepped)
         for name in (M.MQ_SIZE, M.HYBRID_ACTIVE, M.RESOURCE_UTILIZATION):

@@ -307,6 +307,7 @@ class RolloutRuntime(RuntimeQueries):
             partial_rollout=a.partial_rollout,
             group_filter=w.group_filter,
             max_filtered_samples=refill_cap(r.max_num_gen_batches, a.step_required_samples),
+            episodes=w.episodes,
         )
         return self
 

@@ -521,7 +521,8 @@ def attach_validation(
 ) -> ValidationSet | None:
     """Attach the run's held-out prompts to ``datamodule``, answered and scored as its ``val_*`` settings say.
 
-    Nothing is attached to a data module without ``attach_validation``, one with its own ``val_task``, a source
+    Nothing is attached to a data module without ``attach_validation``, a run scored by its environment alone (no
+    reward function to score held-out answers with), one with its own ``val_task``, a source
     without held-out prompts, or, during a fit, a source whose held-out prompts the user did not ask for (only
     ``dataset.val_path`` / ``val_split`` validate during a fit; ``lhr validate`` always does).
 
@@ -534,8 +535,8 @@ def attach_validation(
     Returns:
         The attached set (the caller closes it), or ``None``.
     """
-    if not hasattr(datamodule, "attach_validation"):
-        return None
+    if not hasattr(datamodule, "attach_validation") or workload.runner is None:
+        return None  # no data module to attach to, or no reward function to score with (the environment's alone)
     hp = getattr(datamodule, "hparams", {})
     if hp.get("val_task") is not None:
         return None  # the data module's own toy validation

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lightning_hybrid_rollout.agentic.runtime import AgenticConfig, EpisodeDriver
 from lightning_hybrid_rollout.config import RolloutConfig
 from lightning_hybrid_rollout.errors import ConfigError
 from lightning_hybrid_rollout.rewards import GroupRewardInput, RewardConfig, RewardFunction, RewardRunner
@@ -35,7 +36,32 @@ log = logging.getLogger(__name__)
 #: The metadata key of a sample's prompt record: ``{"index", "epoch", "messages"}`` (``messages``: None if plain).
 PROMPT_KEY = "lhr_prompt"
 #: Metadata keys that are not data set columns (never passed to a reward function).
-RESERVED_KEYS = frozenset({PROMPT_KEY, "rollout"})
+RESERVED_KEYS = frozenset({PROMPT_KEY, "rollout", "episode"})
+
+
+class ResetPrompts(PromptSource):
+    """The prompts of a run with an environment and no data set: empty rows, endlessly; each episode's prompt is
+    its environment's ``reset()`` text (docs/agentic.md)."""
+
+    name = "environment"
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def __iter__(self) -> Iterator[PromptRecord]:
+        while True:
+            i, self.next = self.next, self.next + 1
+            yield PromptRecord(index=i, prompt="")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"next": self.next}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.next = int(state["next"])
+
+    @property
+    def epoch(self) -> int:
+        return 0
 
 
 class PromptFeed:
@@ -80,6 +106,21 @@ class PromptFeed:
         self.renderer.skipped_too_long = int(state.get("skipped_too_long", 0))
 
 
+def last_model_turn(sample: Sample) -> list[int]:
+    """An episode's last model turn (its final answer: the completion its reward functions read); a plain
+    sample's whole response."""
+    mask = sample.loss_mask
+    if not mask:
+        return list(sample.response_token_ids)
+    end = len(mask)
+    while end > 0 and not mask[end - 1]:
+        end -= 1
+    start = end
+    while start > 0 and mask[start - 1]:
+        start -= 1
+    return list(sample.response_token_ids[start:end])
+
+
 def cut_at_stop(token_ids: Sequence[int], stop_token_ids: Sequence[int]) -> list[int]:
     """The response's tokens before its first stop token (all of them if it has none)."""
     stops = set(stop_token_ids)
@@ -117,7 +158,7 @@ def group_reward_input(samples: Sequence[Sample], tokenizer: Any, stop_token_ids
     first = samples[0]
     record = first.metadata.get(PROMPT_KEY) or {}
     messages = record.get("messages")
-    ids, texts = decode_completions([s.response_token_ids for s in samples], tokenizer, stop_token_ids)
+    ids, texts = decode_completions([last_model_turn(s) for s in samples], tokenizer, stop_token_ids)
     return GroupRewardInput.from_prompt(
         int(record.get("index", -1)),
         list(messages) if messages is not None else first.prompt,
@@ -131,20 +172,26 @@ class SampleGroupScorer:
     """The rollouter's :class:`~lightning_hybrid_rollout.rollout.production.GroupScorer` for a workload.
 
     Args:
-        runner: Runs the reward functions (off the loop, with timeouts and the ``reward_error`` rule).
+        runner: Runs the reward functions (off the loop, with timeouts and the ``reward_error`` rule); ``None``
+            for a run whose environment gives the reward alone.
         tokenizer: Decodes the completions.
         stop_token_ids: Where a completion ends.
     """
 
-    def __init__(self, runner: RewardRunner, tokenizer: Any, stop_token_ids: Sequence[int]) -> None:
+    def __init__(self, runner: RewardRunner | None, tokenizer: Any, stop_token_ids: Sequence[int]) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
         self.stop_token_ids = tuple(stop_token_ids)
 
     async def score_group(self, samples: Sequence[Sample]) -> list[float]:
-        """One weighted reward per sample (TRL's convention; see :func:`group_reward_input`)."""
-        result = await self.runner.score_group(group_reward_input(samples, self.tokenizer, self.stop_token_ids))
-        return [float(r) for r in result.rewards]
+        """One reward per sample: the weighted reward functions' (TRL's convention; see :func:`group_reward_input`)
+        plus the episode's environment reward, where it has one."""
+        rewards = [0.0] * len(samples)
+        if self.runner is not None:
+            result = await self.runner.score_group(group_reward_input(samples, self.tokenizer, self.stop_token_ids))
+            rewards = [float(r) for r in result.rewards]
+        env = [(s.metadata.get("episode") or {}).get("env_reward") for s in samples]
+        return [r + (float(e) if e is not None else 0.0) for r, e in zip(rewards, env)]
 
 
 @dataclass
@@ -154,19 +201,21 @@ class Workload:
     Args:
         source: Where prompts come from (a data set, a toy task, a custom source).
         renderer: Chat template, tokenization and the too-long rule.
-        runner: The reward functions.
+        runner: The reward functions (``None``: the environment's reward alone).
         tokenizer: The model's tokenizer.
         stop_token_ids: Every end token of the model (tokenizer and ``generation_config.json``).
         group_filter: ``samples -> keep`` for the rollouter's dynamic sampling (``rollout.filter_groups``); None:
             every group is trained on.
+        episodes: Runs each sample as a multi-turn episode (tools, an environment); None: one model turn.
     """
 
     source: PromptSource
     renderer: PromptRenderer
-    runner: RewardRunner
+    runner: RewardRunner | None
     tokenizer: Any
     stop_token_ids: tuple[int, ...]
     group_filter: GroupFilterFn | None = None
+    episodes: EpisodeDriver | None = None
 
     def prompt_feed(self) -> PromptFeed:
         """The rollouter's prompt iterable (one per run: it reads the source)."""
@@ -181,8 +230,11 @@ class Workload:
         return list(self.source.validation_records())
 
     def close(self) -> None:
-        """Stop the reward pool."""
-        self.runner.close()
+        """Stop the reward pool and the episodes' tool pool."""
+        if self.runner is not None:
+            self.runner.close()
+        if self.episodes is not None:
+            self.episodes.close()
 
 
 def _reward_functions(rewards: RewardConfig, source: PromptSource, columns: list[str]) -> list[RewardFunction]:
@@ -235,6 +287,7 @@ def build_workload(
     rewards: RewardConfig,
     rollout: RolloutConfig,
     tokenizer: Any,
+    agentic: AgenticConfig | None = None,
 ) -> Workload:
     """Build and check a run's workload before anything starts (no replica, no Ray).
 
@@ -251,11 +304,19 @@ def build_workload(
         rewards: The reward functions' settings.
         rollout: The rollout config (``seed``, ``prompt_length``, ``model_path``).
         tokenizer: The model's tokenizer.
+        agentic: The multi-turn keys (tools, environment, budgets); their tools and environment are loaded and
+            checked here. With an environment, ``dataset`` may be ``None`` (each prompt is the reset text) and
+            ``reward_funcs`` empty (the environment's reward alone).
 
     Raises:
-        ConfigError, DatasetError, RewardFunctionError: one line naming what is wrong and how to fix it.
+        ConfigError, DatasetError, RewardFunctionError, ToolError, AgentEnvironmentError: one line naming what is
+            wrong and how to fix it.
     """
-    source = build_source(dataset if dataset is not None else task, seed=rollout.seed, task_kwargs=task_kwargs)
+    with_env = agentic is not None and bool(agentic.environment)
+    if dataset is None and with_env:
+        source: PromptSource = ResetPrompts()
+    else:
+        source = build_source(dataset if dataset is not None else task, seed=rollout.seed, task_kwargs=task_kwargs)
     cfg = getattr(source, "config", None)
     renderer = PromptRenderer(
         tokenizer,
@@ -266,16 +327,40 @@ def build_workload(
     check_prompts_fit(source, renderer)
     preview = source.preview(1)
     columns = sorted(preview[0].columns) if preview else []
-    functions = _reward_functions(rewards, source, columns)
+    env_rewards_only = with_env and not rewards.reward_funcs
+    functions = [] if env_rewards_only else _reward_functions(rewards, source, columns)
     ensure_pad_token(tokenizer)
     stops = stop_token_ids(rollout.model_path, tokenizer)
     group_filter = load_group_filter(rollout.filter_groups)
-    runner = RewardRunner(
-        functions,
-        workers=rewards.reward_workers,
-        pool=rewards.reward_pool,
-        timeout_s=rewards.reward_timeout_s,
-        on_error=rewards.reward_error,
+    episodes = None
+    if agentic is not None and agentic.enabled:
+        if agentic.max_episode_tokens <= rollout.prompt_length:
+            raise ConfigError(
+                f"max_episode_tokens ({agentic.max_episode_tokens}) must exceed rollout.prompt_length "
+                f"({rollout.prompt_length}): an episode's prompt is part of its budget"
+            )
+        if agentic.max_episode_tokens > rollout.engine_max_model_len():
+            raise ConfigError(
+                f"max_episode_tokens ({agentic.max_episode_tokens}) exceeds the engines' max_model_len "
+                f"({rollout.engine_max_model_len()}): set rollout.max_model_len to at least max_episode_tokens"
+            )
+        episodes = EpisodeDriver(
+            agentic,
+            tokenizer,
+            max_turn_tokens=rollout.response_length,
+            prompt_key=PROMPT_KEY,
+            reserved_keys=tuple(RESERVED_KEYS),
+        )
+    runner = (
+        None
+        if not functions
+        else RewardRunner(
+            functions,
+            workers=rewards.reward_workers,
+            pool=rewards.reward_pool,
+            timeout_s=rewards.reward_timeout_s,
+            on_error=rewards.reward_error,
+        )
     )
     log.debug("workload: source %r, rewards %s, stop tokens %s", source, [f.name for f in functions], stops)
     return Workload(
@@ -285,6 +370,7 @@ def build_workload(
         tokenizer=tokenizer,
         stop_token_ids=stops,
         group_filter=group_filter,
+        episodes=episodes,
     )
 
 
@@ -295,13 +381,20 @@ def load_workload(
     task_kwargs: Mapping[str, Any] | None,
     rewards: RewardConfig,
     rollout: RolloutConfig,
+    agentic: AgenticConfig | None = None,
 ) -> Workload:
     """:func:`build_workload` with the tokenizer of ``rollout.model_path`` (loaded here, before anything starts)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(rollout.model_path)
     return build_workload(
-        dataset=dataset, task=task, task_kwargs=task_kwargs, rewards=rewards, rollout=rollout, tokenizer=tokenizer
+        dataset=dataset,
+        task=task,
+        task_kwargs=task_kwargs,
+        rewards=rewards,
+        rollout=rollout,
+        tokenizer=tokenizer,
+        agentic=agentic,
     )
 
 

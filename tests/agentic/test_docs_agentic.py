@@ -33,5 +33,18 @@ def test_the_pages_tool_and_environment_load_and_run(tmp_path: Path) -> None:
     assert env.reward() == 1.0
 
 
-def test_the_page_says_it_is_not_wired_yet() -> None:
-    assert "not yet wired into `lhr fit`" in DOC.read_text()
+def test_the_pages_configuration_is_accepted_by_the_callback_and_names_every_key() -> None:
+    import dataclasses
+
+    import yaml
+
+    from lightning_hybrid_rollout import HybridRolloutCallback
+    from lightning_hybrid_rollout.agentic import AgenticConfig
+    from lightning_hybrid_rollout.lightning.config_check import check_init_args
+
+    block = re.search(r"```yaml\n(.*?)```", DOC.read_text(), re.DOTALL).group(1)
+    init_args = yaml.safe_load(block)["trainer"]["callbacks"][0]["init_args"]
+    assert check_init_args("callback", HybridRolloutCallback, init_args) == []
+    documented = set(re.findall(r"^\| `(\w+)` \|", DOC.read_text(), re.MULTILINE))
+    keys = {f.name for f in dataclasses.fields(AgenticConfig)} - {"tool_workers"}  # the pool size: not a key
+    assert keys <= documented and keys <= set(init_args)

@@ -232,3 +232,61 @@ def test_bad_input_is_one_line_before_anything_starts(smollm2_tokenizer) -> None
     with pytest.raises(AgentEnvironmentError, match=r"no_such_env\.py") as err:
         EpisodeDriver(AgenticConfig(environment="no_such_env.py:Env"), smollm2_tokenizer, max_turn_tokens=8)
     assert "\n" not in str(err.value)
+
+
+def test_an_episode_in_flight_at_a_checkpoint_restarts_from_its_prompt_and_is_counted(smollm2_tokenizer) -> None:
+    tok = smollm2_tokenizer
+    script = [call(2, 3), call(5, 1), "It is 6."]
+    slow_replica = ScriptedReplica("r0", tok, script, delay=0.3)
+    queue = MessageQueue(maxsize=2)
+    kwargs = {"sampling": SamplingSpec(max_tokens=64), "n_samples_per_prompt": 2}
+    first = Rollouter(
+        [{"prompt": "What is 2+3?"}],
+        lambda t: [1],
+        lambda s: 0.0,
+        queue,
+        replicas=[slow_replica],
+        **kwargs,
+        episodes=driver_for(tok, [add]),
+    )
+    first.start()
+    deadline = time.monotonic() + 10
+    while len(CALLS) < 2:  # both episodes past their first tool call, mid-episode
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    first.stop()
+    state = first.state_dict()
+    [pending] = state["pending_groups"]
+    assert all(s["episode"] is not None and s["tokens"] and s["result"] is None for s in pending["samples"])
+
+    driver = driver_for(tok, [add])
+    queue2 = MessageQueue(maxsize=2)
+    second = Rollouter(
+        [],
+        lambda t: [1],
+        lambda s: 0.0,
+        queue2,
+        replicas=[ScriptedReplica("r1", tok, script)],
+        **kwargs,
+        episodes=driver,
+    )
+    second.load_state_dict(state)
+    second.start()
+    try:
+        samples = queue2.get_batch(2, timeout=30)
+    finally:
+        second.stop()
+    assert driver.episodes_restarted == 2 and driver.take_window().metrics()["rollout/episodes_restarted"] == 2
+    for sample in samples:  # restarted whole: three turns from the prompt, nothing of the first run's left
+        assert sample.metadata["episode"]["turns"] == 3
+        assert [m for m, _ in _runs(sample.loss_mask)] == [1, 0, 1, 0, 1]
+
+
+def _runs(mask: list[int]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for m in mask:
+        if out and out[-1][0] == m:
+            out[-1] = (m, out[-1][1] + 1)
+        else:
+            out.append((m, 1))
+    return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +98,68 @@ def test_a_bad_group_filter_path_is_one_line(path: str, fragment: str, tmp_path:
         load_group_filter(path)
     message = str(info.value)
     assert "\n" not in message and message.startswith(f"rollout.filter_groups {path!r}") and fragment in message
+
+
+def _agentic_workload(tiny_model_dir: Path, agentic: Any, dataset: Any = None, **rewards: Any) -> Any:
+    from transformers import AutoTokenizer
+
+    from lightning_hybrid_rollout.config import RolloutConfig
+    from lightning_hybrid_rollout.lightning.workload import build_workload
+    from lightning_hybrid_rollout.rewards import RewardConfig
+
+    return build_workload(
+        dataset=dataset,
+        task="arithmetic",
+        task_kwargs=None,
+        rewards=RewardConfig(**rewards),
+        rollout=RolloutConfig(model_path=str(tiny_model_dir), prompt_length=64, response_length=32, max_model_len=256),
+        tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir),
+        agentic=agentic,
+    )
+
+
+def test_with_an_environment_the_data_set_and_the_reward_functions_are_optional(tiny_model_dir: Path, run_async):
+    from lightning_hybrid_rollout.agentic.runtime import AgenticConfig
+    from lightning_hybrid_rollout.lightning.workload import ResetPrompts
+
+    env = "tests/agentic/my_envs.py:GuessEnv"
+    workload = _agentic_workload(tiny_model_dir, AgenticConfig(environment=env, max_episode_tokens=256))
+    try:
+        assert isinstance(workload.source, ResetPrompts) and workload.runner is None
+        assert workload.episodes is not None and workload.episodes.factory is not None
+        first = next(iter(workload.prompt_feed()))
+        assert first["prompt"] == "" and first[PROMPT_KEY]["index"] == 0
+        # the reward is the environment's alone
+        samples = [
+            Sample(f"u{i}", "g", "", [1], [5], [0.0], metadata={"episode": {"env_reward": r}})
+            for i, r in enumerate([1.0, -0.1])
+        ]
+        assert run_async(workload.scorer().score_group(samples)) == [1.0, -0.1]
+    finally:
+        workload.close()
+
+
+def test_an_episodes_reward_functions_read_its_last_model_turn(tiny_model_dir: Path):
+    sample = Sample("u", "g", "p", [1], [7, 8, 9, 10, 11], [0.0] * 5, loss_mask=[1, 1, 0, 0, 1])
+    sample2 = Sample("v", "g", "p", [1], [7, 8, 9], [0.0] * 3, loss_mask=[1, 1, 1])
+    from lightning_hybrid_rollout.lightning.workload import last_model_turn
+
+    assert last_model_turn(sample) == [11] and last_model_turn(sample2) == [7, 8, 9]
+
+
+@pytest.mark.parametrize(
+    ("agentic", "fragment"),
+    [
+        ({"environment": "no_such_env.py:Env"}, "no_such_env.py"),
+        ({"environment": "tests/agentic/my_envs.py:NoReset"}, "no reset()"),
+        ({"tools": ("tests/agentic/my_tools.py:undocumented",)}, "undocumented"),
+        ({"tools": ("tests/agentic/my_tools.py:slow",), "max_episode_tokens": 64}, "must exceed rollout.prompt_length"),
+        ({"tools": ("tests/agentic/my_tools.py:slow",), "max_episode_tokens": 512}, "set rollout.max_model_len"),
+    ],
+)
+def test_bad_agentic_input_is_one_line_before_anything_starts(tiny_model_dir: Path, agentic: dict, fragment: str):
+    from lightning_hybrid_rollout.agentic.runtime import AgenticConfig
+
+    with pytest.raises(Exception, match=re.escape(fragment)) as err:
+        _agentic_workload(tiny_model_dir, AgenticConfig(**{"max_episode_tokens": 200, **agentic}))
+    assert "\n" not in str(err.value)
