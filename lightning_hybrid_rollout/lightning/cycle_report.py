@@ -110,7 +110,7 @@ class CycleReport:
         elapsed = self.clock() - self.fit_start
         if elapsed > 0:
             self._log(pl_module, "train/samples_per_s", samples_consumed / elapsed)
-        if self.workload is not None:
+        if self.workload is not None and self.workload.runner is not None:  # None: the environment's reward alone
             for name, value in self.workload.runner.take_stats().items():
                 self._log(pl_module, name, float(value))
 
