@@ -2,11 +2,12 @@
 
 ``X`` = dynamic_default time / rate_matched time on the ``seed`` preset, both with the seed's sequencing (the policy
 alone). The table also shows the ``overlap_sync`` sequencing (a runtime change, see docs/simulator.md) and each
-run's efficiency against the balance bound.
+run's efficiency against the balance bound, and per preset our best run with hybrid replicas against verl v1's
+switch rule (``dynamic_hysteresis_ratio``), both efficiencies.
 
 Usage::
 
-    python benchmarks/simulated_policies.py [--presets seed,rollout_bound,drifting,standalone_sufficient]
+    python benchmarks/simulated_policies.py [--presets seed,rollout_bound,drifting,standalone_sufficient,agentic]
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ def main() -> None:
         for r in result.runs:
             vs = default.time_s / r.time_s - 1
             print(f"  {r.name:32s} {r.time_s / 3600:9.2f} {r.efficiency:6.3f} {vs * 100:+10.2f}% {r.activations:12d}")
+        verl = next((r for r in result.runs if r.policy == "hysteresis_ratio"), None)
+        if verl is not None:
+            best = max((r for r in result.runs if r.hybrid), key=lambda r: r.efficiency)
+            print(
+                f"  best: {best.name} ({best.policy}) eff {best.efficiency:.3f} vs verl v1's rule "
+                f"({verl.name}) eff {verl.efficiency:.3f}"
+            )
         if name == "seed":
             speedup = default.time_s / result.run("dynamic_rate_matched").time_s
             closed = (result.run("dynamic_rate_matched_overlap").efficiency - default.efficiency) / (

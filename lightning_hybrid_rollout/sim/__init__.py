@@ -26,7 +26,9 @@ from lightning_hybrid_rollout.sim.runner import (
 )
 from lightning_hybrid_rollout.sim.scenario import (
     SEQUENCINGS,
+    AgenticModel,
     LengthModel,
+    LoraModel,
     ReplicaModel,
     RunSpec,
     Scenario,
@@ -41,7 +43,9 @@ __all__ = [
     "GAP_KEYS",
     "PRESETS",
     "SEQUENCINGS",
+    "AgenticModel",
     "LengthModel",
+    "LoraModel",
     "ReplicaModel",
     "RolloutWorld",
     "RunResult",

@@ -21,7 +21,7 @@ __all__ = [
 def peak_tokens_per_device_s(scenario: Scenario, model: ReplicaModel, version: float) -> float:
     """Best decode tokens/s per device a replica of ``model`` reaches at ``version`` (its KV limit then, at its
     :attr:`~lightning_hybrid_rollout.sim.scenario.ReplicaModel.best_speed`)."""
-    limit = model.run_limit(scenario.cap_of(model), scenario.lengths.context_at(version))
+    limit = model.run_limit(scenario.cap_of(model), scenario.context_at(version))
     return model.throughput(limit, limit) * model.best_speed / model.devices
 
 

@@ -324,6 +324,13 @@ def _plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-gb", type=float, help="with --sync-gbps: standalone weight sync = model-gb x 8 / sync-gbps")
     p.add_argument("--sync-gbps", type=float, help="trainer -> standalone replica bandwidth, Gbit/s (with --model-gb)")
     p.add_argument(
+        "--lora",
+        type=float,
+        metavar="FRACTION",
+        help="train a LoRA adapter of FRACTION of the weights' bytes: syncs move only it and hybrid replicas keep "
+        "their base weights (the scenario's lora: section, enabled; docs/choosing_a_split.md)",
+    )
+    p.add_argument(
         "--hybrid-speed-ratio",
         type=float,
         metavar="R",
@@ -529,7 +536,7 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
 
     ``lhr plan (--from-run RUN_DIR | --scenario FILE | --preset NAME) --devices N [--top K] [--json | --markdown]
     [--plot DIR] [--jobs J] [--policies a,b] [--options a,b] [--steps N] [--model-gb GB --sync-gbps GBPS]
-    [--standalone-speed-with-hybrid F] [--hybrid-speed-ratio R]``;
+    [--lora FRACTION] [--standalone-speed-with-hybrid F] [--hybrid-speed-ratio R]``;
     ``--json`` prints exactly one JSON object (:meth:`Plan.to_json`)::
 
         {"scenario": str, "devices": int, "balance_bound_s": float, "best_static": str | null, "candidates": int,
@@ -545,7 +552,7 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
         argv: Arguments after ``plan`` (default: ``sys.argv[1:]``).
     """
     from lightning_hybrid_rollout.errors import PlanError
-    from lightning_hybrid_rollout.sim.plan import base_scenario, plan, scale_sync, with_base_scenario
+    from lightning_hybrid_rollout.sim.plan import base_scenario, plan, scale_sync, with_base_scenario, with_lora
 
     parser = _plan_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -562,6 +569,8 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.model_gb is not None:
             sc = with_base_scenario(sc, scale_sync(base_scenario(sc), args.model_gb, args.sync_gbps))
+        if args.lora is not None:
+            sc = with_base_scenario(sc, with_lora(base_scenario(sc), args.lora))
         result = plan(sc, args.devices, jobs=args.jobs, policies=names(args.policies), option_sets=names(args.options))
     except PlanError as err:
         parser.error(str(err))

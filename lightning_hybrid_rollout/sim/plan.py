@@ -47,6 +47,7 @@ __all__ = [
     "scale_sync",
     "simulate_candidates",
     "with_base_scenario",
+    "with_lora",
 ]
 
 
@@ -515,6 +516,22 @@ def scale_sync(scenario: Scenario, model_gb: float, sync_gbps: float) -> Scenari
             raise PlanError(f"{name} must be a number > 0, got {value!r}")
     seconds = float(model_gb) * 8.0 / float(sync_gbps)
     return dataclasses.replace(scenario, switch=dataclasses.replace(scenario.switch, standalone_sync_s=seconds))
+
+
+def with_lora(scenario: Scenario, adapter_fraction: float) -> Scenario:
+    """``scenario`` training a LoRA adapter of ``adapter_fraction`` of the weights' bytes (``lhr plan --lora``): its
+    ``lora`` section enabled with that fraction (its other fields kept), so syncs move only the adapter and hybrid
+    replicas keep their base weights (:class:`~lightning_hybrid_rollout.sim.scenario.LoraModel`).
+
+    Raises:
+        PlanError: A fraction outside ``[0, 1]``.
+    """
+    if isinstance(adapter_fraction, bool) or not isinstance(adapter_fraction, (int, float)):
+        raise PlanError(f"--lora must be a number in [0, 1], got {adapter_fraction!r}")
+    if not 0.0 <= adapter_fraction <= 1.0:
+        raise PlanError(f"--lora must be a number in [0, 1], got {adapter_fraction!r}")
+    lora = dataclasses.replace(scenario.lora, enabled=True, adapter_fraction=float(adapter_fraction))
+    return dataclasses.replace(scenario, lora=lora)
 
 
 def breakdown_groups(row: PlanRow) -> dict[str, float]:

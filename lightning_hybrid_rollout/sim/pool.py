@@ -27,7 +27,7 @@ class SimReplicaPool:
         self, world: RolloutWorld, scenario: Scenario, charge: Callable[[str, float, str, dict[str, Any]], None]
     ) -> None:
         self.world = world
-        self.costs = scenario.switch
+        self.costs = scenario.costs
         self._charge = charge
         #: Param version the hybrid replicas hold (-1: none; they start asleep without weights).
         self.synced_version = -1

@@ -157,7 +157,7 @@ class _Run:
 
     def _train_seconds(self, batch: list[SimSample]) -> float:
         tm = self.sc.trainer
-        tokens = sum(self.sc.lengths.prompt_tokens + s.length for s in batch)
+        tokens = sum(self.sc.lengths.prompt_tokens + s.length + s.extra_tokens for s in batch)
         return tokens * tm.device_s_per_token / self.run.train_devices + tm.step_overhead_s
 
     def _standalone_pause_s(self) -> float:
@@ -166,7 +166,7 @@ class _Run:
         The whole sync with the seed's sync; with ``staged_standalone_sync`` only the commit (the weights are
         staged while the replicas keep generating, then loaded during a short pause).
         """
-        sw = self.sc.switch
+        sw = self.sc.costs
         if self.run.staged_standalone_sync:
             return min(sw.standalone_commit_s, sw.standalone_sync_s)
         return sw.standalone_sync_s
@@ -188,7 +188,7 @@ class _Run:
         w = self.world
         if not w.standalone:
             return 0.0
-        cost = self.sc.switch.standalone_sync_s
+        cost = self.sc.costs.standalone_sync_s
         t0 = w.now
         w.advance_to(t0 + cost - self._standalone_pause_s())  # staged: the replicas generate while weights arrive
         self._pause_standalone()
@@ -213,7 +213,7 @@ class _Run:
         ctx = self._context(w.peek_window())
         if not self.controller.policy.should_activate_after_step(step, self.controller.is_hybrid_active, ctx):
             return self._standalone_sync()
-        costs = self.sc.switch
+        costs = self.sc.costs
         t0 = w.now
         w.set_state(w.hybrid, "switching", serving=False, routable=False)
         s_end = t0 + (costs.standalone_sync_s if w.standalone else 0.0)
@@ -489,8 +489,9 @@ class _Run:
         for r in w.replicas:
             r.advance(w.now)
             for smp in r.members.values():
-                partial += smp.length - min(float(smp.length), max(0.0, smp.target - r.progress))
-        partial += sum(smp.length - min(float(smp.length), smp.remaining) for smp in [*w.parked, *w.to_dispatch])
+                partial += smp.decoded(max(0.0, smp.target - r.progress))
+        waiting = [*w.parked, *w.to_dispatch, *w.tool_waiting.values()]
+        partial += sum(smp.decoded(smp.remaining) for smp in waiting)
         out["drain_in_flight_untrained"] = partial / unit
         decoded = acc.get("standalone_decoded", 0.0) + acc.get("hybrid_decoded", 0.0)
         wasted = sum(out[k] for k in GAP_KEYS if k.startswith(("reprefill", "drain")))
@@ -502,7 +503,8 @@ class _Run:
 
     def _result(self) -> RunResult:
         sc, run, w = self.sc, self.run, self.world
-        train = sum(sc.lengths.prompt_tokens + s.length for s in self.trained) * sc.trainer.device_s_per_token
+        train = sum(sc.lengths.prompt_tokens + s.length + s.extra_tokens for s in self.trained)
+        train *= sc.trainer.device_s_per_token
         train += sc.trainer.step_overhead_s * run.train_devices * sc.steps * sc.trigger_parameter_sync_step
         bound = balance_bound(sc, run, self.trained, train, dict(w.progress_at))
         gap = self._gap(train)

@@ -33,7 +33,9 @@ from lightning_hybrid_rollout.errors import ScenarioError as ScenarioError  # re
 __all__ = [
     "RUN_KEYS",
     "SEQUENCINGS",
+    "AgenticModel",
     "LengthModel",
+    "LoraModel",
     "ReplicaModel",
     "RunSpec",
     "Scenario",
@@ -294,6 +296,115 @@ class SwitchCosts:
 
 
 @dataclass
+class AgenticModel:
+    """Multi-turn episodes: model turns (decode) alternating with tool calls (waits). Off by default (one turn).
+
+    With it, a sample is an *episode*: ``turns`` model turns drawn uniformly from ``[min_turns, max_turns]``, each
+    turn's length drawn from :class:`LengthModel` (which then describes one turn: its long tail is the per-turn
+    tail), and between two turns a tool call whose latency is log-normal, ``clip(median × exp(sigma·z),
+    0, max_s)``. A turn occupies a replica's batch slot and decodes like a single-turn sample; during a tool call
+    the episode holds no decode capacity (its replica serves other episodes) but still holds its place in the
+    rollouter's concurrency cap, as the runtime's episode loop does. The next turn goes to the least-loaded routable
+    replica (no sticky routing, no prefix-cache reuse: its context is re-prefilled at no modelled cost). The episode
+    reaches the queue when its last turn ends; its length is the sum of its turns' lengths and the trainer trains
+    over ``prompt_tokens + length + tool_output_tokens × (turns − 1)`` tokens. All draws of the i-th admitted episode
+    are the same in every run of a scenario (common random numbers).
+
+    Args:
+        min_turns: Fewest model turns of an episode (1 = an episode may be a single-turn sample).
+        max_turns: Most model turns of an episode.
+        tool_latency_median_s: Median seconds of one tool call.
+        tool_latency_sigma: Log-normal shape of the tool latency (0 = every call takes the median).
+        tool_latency_max_s: Upper clip of one tool call (a tool timeout).
+        tool_output_tokens: Tokens a tool result adds to the context (prefilled and trained over, never decoded).
+    """
+
+    min_turns: int = 1
+    max_turns: int = 1
+    tool_latency_median_s: float = 0.0
+    tool_latency_sigma: float = 0.0
+    tool_latency_max_s: float = 60.0
+    tool_output_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        self.min_turns = _int(self.min_turns, "agentic.min_turns", minimum=1)
+        self.max_turns = _int(self.max_turns, "agentic.max_turns", minimum=1)
+        _check(
+            self.max_turns >= self.min_turns,
+            f"agentic.max_turns ({self.max_turns}) must be >= agentic.min_turns ({self.min_turns})",
+        )
+        self.tool_latency_median_s = _num(self.tool_latency_median_s, "agentic.tool_latency_median_s")
+        self.tool_latency_sigma = _num(self.tool_latency_sigma, "agentic.tool_latency_sigma")
+        self.tool_latency_max_s = _num(self.tool_latency_max_s, "agentic.tool_latency_max_s")
+        self.tool_output_tokens = _int(self.tool_output_tokens, "agentic.tool_output_tokens")
+
+    @property
+    def mean_turns(self) -> float:
+        """Mean model turns of an episode."""
+        return 0.5 * (self.min_turns + self.max_turns)
+
+    def tool_latency(self, z: float) -> float:
+        """Seconds of a tool call for standard-normal draw ``z``."""
+        return min(self.tool_latency_max_s, self.tool_latency_median_s * math.exp(self.tool_latency_sigma * z))
+
+
+@dataclass
+class LoraModel:
+    """LoRA training with adapter-only weight sync: what it changes in the switch and sync costs.
+
+    The runtime's ``rollout.lora_sync: adapter`` and ``rollout.lora_keep_base`` (docs/lora.md). A sync moves only
+    the adapter (``adapter_fraction`` of the full weights' bytes), so the standalone and hybrid syncs
+    (``switch.standalone_sync_s``, ``standalone_commit_s``, ``hybrid_sync_s``) take ``adapter_fraction`` of their
+    full-weight seconds, plus ``adapter_load_s`` (registering the adapter in the engine). With ``keep_base``, hybrid
+    replicas keep their frozen base weights on the trainer's devices while asleep (LoRA training leaves them
+    untouched): waking up costs only the KV-cache allocation (``kv_fraction`` of ``switch.wake_s``) and going to
+    sleep only its release (``kv_fraction`` of ``switch.sleep_s``), and the base weights stay counted against the
+    trainer's memory (the simulator does not model the memory itself).
+
+    Args:
+        enabled: Whether the runs train a LoRA adapter (off = full-weight sync, the switch costs as given).
+        adapter_fraction: Adapter bytes over full-weight bytes (e.g. rank 64 on a 7B model: ~0.02).
+        adapter_load_s: Seconds to load a synced adapter into an engine, paid by every sync.
+        keep_base: Hybrid replicas keep their base weights while asleep (wake/sleep move no weights).
+        kv_fraction: The share of ``switch.wake_s`` / ``switch.sleep_s`` that is KV-cache allocation / release
+            (what is left with ``keep_base``).
+    """
+
+    enabled: bool = False
+    adapter_fraction: float = 0.02
+    adapter_load_s: float = 0.5
+    keep_base: bool = True
+    kv_fraction: float = 0.25
+
+    def __post_init__(self) -> None:
+        self.enabled = bool(self.enabled)
+        self.keep_base = bool(self.keep_base)
+        self.adapter_fraction = _num(self.adapter_fraction, "lora.adapter_fraction")
+        _check(self.adapter_fraction <= 1.0, f"lora.adapter_fraction must be <= 1, got {self.adapter_fraction}")
+        self.adapter_load_s = _num(self.adapter_load_s, "lora.adapter_load_s")
+        self.kv_fraction = _num(self.kv_fraction, "lora.kv_fraction")
+        _check(self.kv_fraction <= 1.0, f"lora.kv_fraction must be <= 1, got {self.kv_fraction}")
+
+    def apply(self, switch: SwitchCosts) -> SwitchCosts:
+        """The switch costs a LoRA run pays (``switch`` itself when disabled)."""
+        if not self.enabled:
+            return switch
+
+        def sync(seconds: float) -> float:
+            return seconds * self.adapter_fraction + self.adapter_load_s
+
+        changes = {
+            "standalone_sync_s": sync(switch.standalone_sync_s),
+            "standalone_commit_s": sync(switch.standalone_commit_s),
+            "hybrid_sync_s": sync(switch.hybrid_sync_s),
+        }
+        if self.keep_base:
+            changes["wake_s"] = switch.wake_s * self.kv_fraction
+            changes["sleep_s"] = switch.sleep_s * self.kv_fraction
+        return dataclasses.replace(switch, **changes)
+
+
+@dataclass
 class RunSpec:
     """One run of a scenario: a device split, whether hybrid replicas exist, and its own ``async_training`` changes.
 
@@ -477,7 +588,9 @@ class Scenario:
         replica: :class:`ReplicaModel` of standalone replicas.
         hybrid_replica: :class:`ReplicaModel` of hybrid replicas (None = same as ``replica``).
         trainer: :class:`TrainerModel`.
-        switch: :class:`SwitchCosts`.
+        switch: :class:`SwitchCosts` (full-weight costs; :attr:`costs` is what the runs pay).
+        agentic: :class:`AgenticModel` (multi-turn episodes with tool calls; default: single-turn samples).
+        lora: :class:`LoraModel` (adapter-only sync; default: off).
         runs: The runs.
     """
 
@@ -493,6 +606,8 @@ class Scenario:
     hybrid_replica: ReplicaModel | None = None
     trainer: TrainerModel = field(default_factory=TrainerModel)
     switch: SwitchCosts = field(default_factory=SwitchCosts)
+    agentic: AgenticModel = field(default_factory=AgenticModel)
+    lora: LoraModel = field(default_factory=LoraModel)
     runs: list[RunSpec] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -513,6 +628,8 @@ class Scenario:
             self.hybrid_replica = _from_mapping(ReplicaModel, self.hybrid_replica, "hybrid_replica")
         self.trainer = _from_mapping(TrainerModel, self.trainer, "trainer")
         self.switch = _from_mapping(SwitchCosts, self.switch, "switch")
+        self.agentic = _from_mapping(AgenticModel, self.agentic, "agentic")
+        self.lora = _from_mapping(LoraModel, self.lora, "lora")
         runs = []
         for i, r in enumerate(self.runs):
             run = r if isinstance(r, RunSpec) else _run_from_mapping(r, i)
@@ -583,6 +700,26 @@ class Scenario:
     def hybrid_model(self) -> ReplicaModel:
         """The hybrid replicas' model (``hybrid_replica`` or, if unset, ``replica``)."""
         return self.hybrid_replica if self.hybrid_replica is not None else self.replica
+
+    @property
+    def costs(self) -> SwitchCosts:
+        """The switch and sync seconds the runs pay: :attr:`switch`, scaled by :attr:`lora` when it is enabled."""
+        return self.lora.apply(self.switch)
+
+    @property
+    def multi_turn(self) -> bool:
+        """Whether an episode may have more than one model turn (:attr:`agentic`)."""
+        return self.agentic.max_turns > 1
+
+    def context_at(self, version: float) -> float:
+        """Average context (tokens) of an in-flight turn at ``version``: :meth:`LengthModel.context_at`, plus, for
+        multi-turn episodes, the earlier turns and tool results of an average turn (``(mean_turns − 1) / 2`` of
+        each)."""
+        context = self.lengths.context_at(version)
+        if self.multi_turn:
+            earlier = 0.5 * (self.agentic.mean_turns - 1.0)
+            context += earlier * (self.lengths.mean_at(version) + self.agentic.tool_output_tokens)
+        return context
 
     def cap_of(self, model: ReplicaModel) -> int:
         """Concurrency cap of a replica of ``model``."""

@@ -47,6 +47,10 @@ class SimSample:
         remaining: Tokens still to decode (partial rollout keeps the rest).
         admitted_version: Param version when admitted.
         admitted_t: Virtual time of admission.
+        turns: A multi-turn episode's per-turn lengths (empty: one turn of ``length``); ``remaining`` is then the
+            current turn's.
+        tool_s: Seconds of the tool call after each turn but the last.
+        extra_tokens: Tokens trained over but not decoded (tool results).
     """
 
     sid: int
@@ -63,6 +67,20 @@ class SimSample:
     min_version: int | None = None
     max_version: int | None = None
     aborts: int = 0
+    turns: tuple[int, ...] = ()
+    tool_s: tuple[float, ...] = ()
+    extra_tokens: int = 0
+    turn: int = 0
+    done_before: int = 0
+
+    def decoded(self, remaining: float) -> float:
+        """Tokens decoded so far (earlier turns included), with ``remaining`` tokens of the current turn left.
+
+        A re-prefill penalty still in ``remaining`` counts against it (the decode-token equivalents booked as
+        re-prefill), so it may be below ``done_before`` right after an abort.
+        """
+        turn = self.turns[self.turn] if self.turns else self.length
+        return self.done_before + turn - remaining
 
 
 @dataclass(eq=False)
@@ -186,6 +204,10 @@ class RolloutWorld:
         self.queue_bound = scenario.max_required_samples
         self.group_size = scenario.group_size
         self._z_rng = random.Random(scenario.seed)
+        self._episode_rng = random.Random(scenario.seed + 1)  # turns and tool latencies (own stream)
+        #: Episodes waiting on a tool call, by sid, and their returns ``(time, seq, sid)``.
+        self.tool_waiting: dict[int, SimSample] = {}
+        self._tool_heap: list[tuple[float, int, int]] = []
         self._seq = itertools.count()
         self.replicas: list[SimReplica] = []
         device = 0
@@ -335,9 +357,9 @@ class RolloutWorld:
         """
         while True:
             t_next, r = self._next_completion()
-            if r is None or t_next > t:
+            if t_next > t:
                 break
-            self._complete(r, t_next)
+            self._fire(r, t_next)
         self._set_time(max(t, self.now))
 
     def run_until(self, predicate: Callable[[], bool], what: str, limit_s: float = 1e9) -> float:
@@ -354,7 +376,7 @@ class RolloutWorld:
         start = self.now
         while not predicate():
             t_next, r = self._next_completion()
-            if r is None:
+            if t_next == math.inf:
                 raise SimulationError(
                     f"waiting for {what} at t={self.now:.3f}s but nothing is generating: queue={self.queue_size}, "
                     f"in_flight={self.in_flight}, cap={self.cap()}, staleness={self.staleness_samples}/"
@@ -362,16 +384,30 @@ class RolloutWorld:
                 )
             if t_next - start > limit_s:
                 raise SimulationError(f"waited more than {limit_s}s of virtual time for {what}")
-            self._complete(r, t_next)
+            self._fire(r, t_next)
         return self.now - start
 
     def _next_completion(self) -> tuple[float, SimReplica | None]:
+        """The next event: a turn's completion on a replica, or (replica None) a tool call's return."""
         best_t, best_r = math.inf, None
         for r in self.replicas:
             t = r.next_completion()
             if t < best_t:
                 best_t, best_r = t, r
+        if self._tool_heap and self._tool_heap[0][0] < best_t:
+            return self._tool_heap[0][0], None
         return best_t, best_r
+
+    def _fire(self, r: SimReplica | None, t: float) -> None:
+        if r is not None:
+            self._complete(r, t)
+            return
+        _, _, sid = heapq.heappop(self._tool_heap)
+        s = self.tool_waiting.pop(sid)
+        self._set_time(t)
+        if not self._route(s):
+            self.parked.append(s)
+        self._record()
 
     def _complete(self, r: SimReplica, t: float) -> None:
         self._set_time(t)
@@ -382,8 +418,16 @@ class RolloutWorld:
         s = r.members.pop(sid)
         r.touch()
         r.progress = max(r.progress, s.target)
-        s.remaining = 0.0
         s.replica = None
+        if s.turn + 1 < len(s.turns):  # a model turn ends: the episode calls a tool, off the replica
+            s.done_before += s.turns[s.turn]
+            s.turn += 1
+            s.remaining = float(s.turns[s.turn])
+            self.tool_waiting[s.sid] = s
+            heapq.heappush(self._tool_heap, (t + s.tool_s[s.turn - 1], next(self._seq), s.sid))
+            self._record()
+            return
+        s.remaining = 0.0
         s.finished_t = t
         s.max_version = self.version
         self.in_flight -= 1
@@ -449,12 +493,24 @@ class RolloutWorld:
             z = self._z_rng.gauss(0.0, 1.0)
             length = self.scenario.lengths.length(z, self.progress)
             s = SimSample(self.admitted, gid, length, float(length), self.version, self.now)
+            if self.scenario.multi_turn:
+                self._draw_episode(s)
             self.admitted += 1
             group.append(s)
         self.group_left[gid] = len(group)
         self.group_samples[gid] = group
         self.staleness_samples += len(group)
         self.to_dispatch.extend(group)
+
+    def _draw_episode(self, s: SimSample) -> None:
+        """Make ``s`` a multi-turn episode: its turns (the first keeps ``s.length``) and tool latencies."""
+        ag, lengths, rng = self.scenario.agentic, self.scenario.lengths, self._episode_rng
+        n = rng.randint(ag.min_turns, ag.max_turns)
+        turns = [s.length] + [lengths.length(rng.gauss(0.0, 1.0), self.progress) for _ in range(n - 1)]
+        s.turns = tuple(turns)
+        s.tool_s = tuple(ag.tool_latency(rng.gauss(0.0, 1.0)) for _ in range(n - 1))
+        s.length = sum(turns)
+        s.extra_tokens = ag.tool_output_tokens * (n - 1)
 
     def _dispatch(self, s: SimSample) -> None:
         self.in_flight += 1
@@ -517,7 +573,7 @@ class RolloutWorld:
         return history, generated
 
     def _set_limits(self) -> None:
-        context = self.scenario.lengths.context_at(self.progress)
+        context = self.scenario.context_at(self.progress)
         sm = self.scenario.replica
         limit = sm.run_limit(self.scenario.cap_of(sm), context)
         self.standalone_peak_per_device = sm.throughput(limit, limit) * sm.best_speed / sm.devices
@@ -540,6 +596,8 @@ class RolloutWorld:
         for r in self.replicas:
             for s in r.members.values():
                 s.max_version = version
+        for s in self.tool_waiting.values():
+            s.max_version = version
 
     def take_window(self) -> ProductionWindow:
         """Return and restart the production accounting window."""
@@ -589,7 +647,7 @@ class RolloutWorld:
             r.advance(self.now)
             for s in list(r.members.values()):
                 remaining = max(0.0, s.target - r.progress)
-                decoded = s.length - min(float(s.length), remaining)
+                decoded = max(float(s.done_before), s.decoded(remaining))  # the prefix to re-prefill
                 if penalty:
                     extra = decoded * self.scenario.switch.resume_prefill_ratio
                     remaining += extra
