@@ -290,3 +290,16 @@ def _runs(mask: list[int]) -> list[tuple[int, int]]:
         else:
             out.append((m, 1))
     return out
+
+
+def test_every_turn_of_an_episode_is_routed_to_the_replica_that_served_its_first(smollm2_tokenizer) -> None:
+    tok = smollm2_tokenizer
+    script = [call(2, 3), call(5, 1), "It is 6."]
+    # r0 slow, r1 fast: least-loaded routing alone would move r0's episodes to r1 after their first turn
+    replicas = [ScriptedReplica("r0", tok, script, delay=0.3), ScriptedReplica("r1", tok, script, delay=0.01)]
+    samples = run_episodes(replicas, driver_for(tok, [add]), n=4, prompts=2)
+    served = {s.uid: {r.replica_id for r in replicas for rid, _, _ in r.requests if rid.startswith(f"{s.uid}:")}
+              for s in samples}  # fmt: skip
+    assert all(len(ids) == 1 for ids in served.values()), served
+    assert {i for ids in served.values() for i in ids} == {"r0", "r1"}  # and the episodes spread over both
+    assert all(s.metadata["episode"]["turns"] == 3 for s in samples)
