@@ -30,7 +30,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: Methods of a TRL-style environment that are not tools.
-NOT_TOOLS = frozenset({"reset", "get_reward", "close"})
+NOT_TOOLS = frozenset({"reset", "get_reward", "close", "state_dict", "load_state_dict"})
 
 
 @dataclass(frozen=True)

@@ -183,10 +183,14 @@ class EpisodeDriver:
     async def begin(self, st: Any, group: Any) -> None:
         """Start ``st``'s episode: make and reset its environment, render its prompt into ``st.prompt_ids``.
 
-        An episode with kept tokens but no live state here (restored from a checkpoint: its environment could not
-        be saved) restarts from its prompt, counted in ``rollout/episodes_restarted``.
+        An episode restored from a checkpoint continues at its current turn when its saved state is whole: the
+        episode's turns, and its environment's ``state_dict()`` (loaded into a new instance with
+        ``load_state_dict``) when it has an environment. Otherwise (an environment without ``state_dict``, or a
+        checkpoint taken while its tool ran) it restarts from its prompt, counted in ``rollout/episodes_restarted``.
         """
         if st.uid in self._live:
+            return
+        if st.episode is not None and await self._resume(st, st.episode):
             return
         if st.episode is not None or st.tokens:
             st.turn_start = st.turn_version_start = 0
@@ -195,7 +199,7 @@ class EpisodeDriver:
             self.episodes_restarted += 1
             with self._lock:
                 self._window.episodes_restarted += 1
-            logger.info("episode %s restarted from its prompt (its environment was not checkpointed)", st.uid)
+            logger.info("episode %s restarted from its prompt (its checkpoint cannot continue it)", st.uid)
         env = None
         reset_text = None
         if self.factory is not None:
@@ -235,11 +239,12 @@ class EpisodeDriver:
                 f"{self.budget.max_episode_tokens}; raise max_episode_tokens or shorten the prompt"
             )
         runner = ToolRunner(tools, timeout_s=self.config.tool_timeout_s, pool=self._pool)
-        self._live[st.uid] = _Live(episode, env, runner)
+        live = _Live(episode, env, runner)
+        self._live[st.uid] = live
         st.prompt_ids = ids
         st.loss_mask = []
         st.start_turn()
-        st.episode = {"turns": 0, "tool_calls": 0, "tool_errors": 0}
+        st.episode = await self._checkpoint_summary(live)
 
     def turn_limit(self, st: Any) -> int:
         """The current turn's room: ``max_turn_tokens`` per turn, within the episode's token budget."""
@@ -257,6 +262,8 @@ class EpisodeDriver:
         live = self._live[st.uid]
         episode = live.episode
         live.last_reason = reason
+        # a checkpoint taken from here until the next turn starts finds the turn ended: such an episode restarts
+        st.episode = {**(st.episode or {}), "turn_ended": True}
         v0 = st.turn_version_start
         if len(st.versions) > v0:  # a turn with at least one engine segment
             ids, logprobs = st.tokens[st.turn_start :], st.logprobs[st.turn_start :]
@@ -274,8 +281,56 @@ class EpisodeDriver:
         if appended is None:
             return await self._end(st, live)
         st.add_env_tokens(appended)
-        st.episode = self._summary(live)
+        st.episode = await self._checkpoint_summary(live)
         return None
+
+    async def _checkpoint_summary(self, live: _Live) -> dict[str, Any]:
+        """The summary plus what a checkpoint needs to continue the episode: its state and its environment's
+        (``state_dict()``, if the environment has one; a Gymnasium episode's reward so far)."""
+        summary = self._summary(live)
+        summary["state"] = live.episode.state_dict()
+        if live.env is not None:
+            save = getattr(live.env.env, "state_dict", None)
+            summary["env_state"] = None
+            if callable(save):
+                try:
+                    summary["env_state"] = await self._offload(save)
+                except Exception as err:  # no saved state: a checkpoint restarts this episode, the run goes on
+                    logger.warning("the environment's state_dict() failed: %s", _describe(err, self))
+            summary["env_reward_so_far"] = getattr(live.env, "total_reward", None)
+        return summary
+
+    async def _resume(self, st: Any, saved: dict[str, Any]) -> bool:
+        """Continue a checkpointed episode at its current turn; False when its saved state cannot do it."""
+        state = saved.get("state")
+        if state is None or saved.get("turn_ended") or st.prompt_ids is None:
+            return False
+        env = None
+        if self.factory is not None:
+            if saved.get("env_state") is None:
+                return False
+            env = await self._offload(self.factory.make)
+            load = getattr(env.env, "load_state_dict", None)
+            if not callable(load):
+                return False
+            await self._offload(load, saved["env_state"])
+            if isinstance(env, GymEnvironment) and saved.get("env_reward_so_far") is not None:
+                env.total_reward = float(saved["env_reward_so_far"])
+        episode = Episode.from_state_dict(state, self.tokenizer)
+        if episode.prompt_token_ids != st.prompt_ids or episode.response_token_ids != st.tokens[: st.turn_start]:
+            return False  # the saved turns are not the saved tokens: nothing to continue from
+        tools = [*self.tools, *(env.tools if env is not None else [])]
+        runner = ToolRunner(tools, timeout_s=self.config.tool_timeout_s, pool=self._pool)
+        self._live[st.uid] = _Live(
+            episode,
+            env,
+            runner,
+            tool_calls=int(saved.get("tool_calls", 0)),
+            tool_errors=int(saved.get("tool_errors", 0)),
+            env_time_s=float(saved.get("env_time_s", 0.0)),
+        )
+        logger.debug("episode %s continues at turn %d from its checkpoint", st.uid, episode.num_model_turns + 1)
+        return True
 
     # ---------------------------------------------------------------------------------------------- internals
 

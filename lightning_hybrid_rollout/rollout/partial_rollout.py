@@ -108,11 +108,14 @@ class SampleGenerator:
         host = self._host
         episodes = host.episodes
         if episodes is not None and len(batch) > 1:
-            async with asyncio.TaskGroup() as tasks:  # one raising cancels the others, like one batch would
-                for st in batch:
-                    tasks.create_task(
-                        self.generate([st], group, gate=gate, park=park, stopping=stopping, finished=finished)
-                    )
+            try:
+                async with asyncio.TaskGroup() as tasks:  # one raising cancels the others, like one batch would
+                    for st in batch:
+                        tasks.create_task(
+                            self.generate([st], group, gate=gate, park=park, stopping=stopping, finished=finished)
+                        )
+            except ExceptionGroup as errors:  # the first error, as a one-sample batch would raise it
+                raise errors.exceptions[0] from None
             return
         stop_ids = set(host.sampling.stop_token_ids)
         lb = host.load_balancer

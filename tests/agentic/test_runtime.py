@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -234,49 +234,102 @@ def test_bad_input_is_one_line_before_anything_starts(smollm2_tokenizer) -> None
     assert "\n" not in str(err.value)
 
 
-def test_an_episode_in_flight_at_a_checkpoint_restarts_from_its_prompt_and_is_counted(smollm2_tokenizer) -> None:
-    tok = smollm2_tokenizer
+class Ledger:
+    """TRL's convention, with ``state_dict``/``load_state_dict``: its tool appends to a list that is its state."""
+
+    made: ClassVar[list[Ledger]] = []
+
+    def __init__(self) -> None:
+        self.entries: list[int] = []
+        Ledger.made.append(self)
+
+    def reset(self, **row: Any) -> None:
+        self.entries = []
+
+    def add(self, a: int, b: int) -> int:
+        """Add two integers and record the sum.
+
+        Args:
+            a: The first integer.
+            b: The second integer.
+        """
+        self.entries.append(a + b)
+        CALLS.append((a, b))
+        return a + b
+
+    def get_reward(self) -> float:
+        return float(self.entries == [5, 6])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"entries": list(self.entries)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.entries = list(state["entries"])
+
+
+class ForgetfulLedger(Ledger):
+    """The same without a saved state: an episode in flight at a checkpoint restarts."""
+
+    state_dict = None  # type: ignore[assignment]
+
+
+def _checkpoint_mid_episode(tok: Any, config: dict[str, Any]) -> tuple[list[Any], EpisodeDriver, int]:
+    """Run 2 episodes until both made a tool call, checkpoint, resume in a new rollouter to the end; the samples,
+    the second driver and the tool calls made before the checkpoint."""
     script = [call(2, 3), call(5, 1), "It is 6."]
-    slow_replica = ScriptedReplica("r0", tok, script, delay=0.3)
-    queue = MessageQueue(maxsize=2)
-    kwargs = {"sampling": SamplingSpec(max_tokens=64), "n_samples_per_prompt": 2}
+    kwargs: dict[str, Any] = {"sampling": SamplingSpec(max_tokens=64), "n_samples_per_prompt": 2}
+    replica = ScriptedReplica("r0", tok, script, delay=0.3)
     first = Rollouter(
-        [{"prompt": "What is 2+3?"}],
-        lambda t: [1],
-        lambda s: 0.0,
-        queue,
-        replicas=[slow_replica],
-        **kwargs,
-        episodes=driver_for(tok, [add]),
-    )
+        [{"prompt": "What is 2+3?"}], lambda t: [1], lambda s: 0.0, MessageQueue(maxsize=2), replicas=[replica],
+        episodes=EpisodeDriver(AgenticConfig(**config), tok, max_turn_tokens=64), **kwargs,
+    )  # fmt: skip
     first.start()
     deadline = time.monotonic() + 10
-    while len(CALLS) < 2:  # both episodes past their first tool call, mid-episode
+    while len(CALLS) < 2:  # both episodes past their first tool call, generating their second turn
         assert time.monotonic() < deadline
         time.sleep(0.01)
+    time.sleep(0.1)
     first.stop()
     state = first.state_dict()
     [pending] = state["pending_groups"]
-    assert all(s["episode"] is not None and s["tokens"] and s["result"] is None for s in pending["samples"])
-
-    driver = driver_for(tok, [add])
-    queue2 = MessageQueue(maxsize=2)
+    assert all(1 <= s["episode"]["turns"] < 3 and s["result"] is None for s in pending["samples"])
+    calls_at_checkpoint = len(CALLS)
+    driver = EpisodeDriver(AgenticConfig(**config), tok, max_turn_tokens=64)
+    queue = MessageQueue(maxsize=2)
+    resumed = ScriptedReplica("r1", tok, script)
+    resumed.base_ends = replica.base_ends  # where each episode's turns start: read from its first request
     second = Rollouter(
-        [],
-        lambda t: [1],
-        lambda s: 0.0,
-        queue2,
-        replicas=[ScriptedReplica("r1", tok, script)],
+        [], lambda t: [1], lambda s: 0.0, queue, replicas=[resumed], episodes=driver,
         **kwargs,
-        episodes=driver,
-    )
+    )  # fmt: skip
     second.load_state_dict(state)
     second.start()
     try:
-        samples = queue2.get_batch(2, timeout=30)
+        samples = queue.get_batch(2, timeout=30)
     finally:
         second.stop()
+    assert second.error is None
+    return samples, driver, calls_at_checkpoint
+
+
+def test_an_episode_in_flight_at_a_checkpoint_continues_at_its_turn_each_tool_call_once(smollm2_tokenizer) -> None:
+    Ledger.made.clear()
+    env = f"{__name__}:Ledger"
+    samples, driver, _ = _checkpoint_mid_episode(smollm2_tokenizer, {"environment": env})
+    assert driver.episodes_restarted == 0
+    assert sorted(CALLS) == sorted([(2, 3), (5, 1)] * 2)  # each call once across the two runs
+    for sample in samples:
+        ep = sample.metadata["episode"]
+        assert ep["turns"] == 3 and ep["tool_calls"] == 2 and ep["env_reward"] == 1.0  # the env's state came back
+        assert [m for m, _ in _runs(sample.loss_mask)] == [1, 0, 1, 0, 1]
+        assert "state" not in ep  # the checkpoint's copy is dropped from the finished sample
+
+
+def test_an_episode_whose_environment_cannot_be_saved_restarts_from_its_prompt_counted(smollm2_tokenizer) -> None:
+    env = f"{__name__}:ForgetfulLedger"
+    samples, driver, before = _checkpoint_mid_episode(smollm2_tokenizer, {"environment": env})
     assert driver.episodes_restarted == 2 and driver.take_window().metrics()["rollout/episodes_restarted"] == 2
+    assert len(CALLS) == before + 4  # the first run's calls, then the restarted episodes' own, all of them
     for sample in samples:  # restarted whole: three turns from the prompt, nothing of the first run's left
         assert sample.metadata["episode"]["turns"] == 3
         assert [m for m, _ in _runs(sample.loss_mask)] == [1, 0, 1, 0, 1]
