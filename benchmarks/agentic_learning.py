@@ -40,7 +40,8 @@ def write_config(root: Path, max_steps: int, minutes: int) -> tuple[Path, dict[s
     cb = t["callbacks"][0]["init_args"]
     cb["rollout"]["model_path"] = str(root / "model")
     cb["environment"] = str(REPO / "examples" / "agentic" / "guess_env.py") + ":GuessNumber"
-    t["callbacks"][1]["init_args"]["dirpath"] = str(root / "checkpoints")
+    # every step: a fit stopped by max_time leaves last.ckpt at its last step, not at the last multiple of 10
+    t["callbacks"][1]["init_args"].update(dirpath=str(root / "checkpoints"), every_n_train_steps=1)
     path = root / "smollm2_agentic_cpu.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path, cb
