@@ -70,6 +70,9 @@ class ScriptedReplica:
         self.requests: list[tuple[str, list[int], int]] = []
         self.aborted_turns: set[tuple[str, int]] = set()
         self.base_ends: dict[str, int] = {}
+        self.hold_from: int | None = None  # from this turn on, requests are held (a checkpoint mid-episode)
+        self.held: set[str] = set()
+        self._holds: dict[str, asyncio.Event] = {}
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec) -> GenerationResult:
         self.requests.append((request_id, list(prompt_token_ids), sampling.max_tokens))
@@ -83,6 +86,11 @@ class ScriptedReplica:
         rest = full[done:][: sampling.max_tokens]
         if self.delay:
             await asyncio.sleep(self.delay)
+        if self.hold_from is not None and turn >= self.hold_from:
+            self.held.add(uid)
+            released = self._holds.setdefault(request_id, asyncio.Event())
+            await released.wait()  # until aborted (the rollouter's stop): nothing generated
+            return GenerationResult(request_id, [], [], "abort", 4, self.replica_id, {})
         if self.abort_after is not None and (uid, turn) not in self.aborted_turns and len(rest) > self.abort_after:
             self.aborted_turns.add((uid, turn))
             cut = rest[: self.abort_after]
@@ -97,7 +105,9 @@ class ScriptedReplica:
         return 0
 
     async def abort(self, request_ids: list[str]) -> None:
-        return None
+        for rid in request_ids:
+            if rid in self._holds:
+                self._holds[rid].set()
 
 
 def run_episodes(replicas: list[Any], driver: EpisodeDriver, n: int = 2, prompts: int = 1) -> list[Any]:
@@ -278,21 +288,21 @@ def _checkpoint_mid_episode(tok: Any, config: dict[str, Any]) -> tuple[list[Any]
     the second driver and the tool calls made before the checkpoint."""
     script = [call(2, 3), call(5, 1), "It is 6."]
     kwargs: dict[str, Any] = {"sampling": SamplingSpec(max_tokens=64), "n_samples_per_prompt": 2}
-    replica = ScriptedReplica("r0", tok, script, delay=0.3)
+    replica = ScriptedReplica("r0", tok, script)
+    replica.hold_from = 1  # both episodes stop in their second turn, their first tool call made
     first = Rollouter(
         [{"prompt": "What is 2+3?"}], lambda t: [1], lambda s: 0.0, MessageQueue(maxsize=2), replicas=[replica],
         episodes=EpisodeDriver(AgenticConfig(**config), tok, max_turn_tokens=64), **kwargs,
     )  # fmt: skip
     first.start()
     deadline = time.monotonic() + 10
-    while len(CALLS) < 2:  # both episodes past their first tool call, generating their second turn
+    while len(replica.held) < 2:  # both episodes past their first tool call, generating their second turn
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    time.sleep(0.1)
     first.stop()
     state = first.state_dict()
     [pending] = state["pending_groups"]
-    assert all(1 <= s["episode"]["turns"] < 3 and s["result"] is None for s in pending["samples"])
+    assert all(s["episode"]["turns"] == 1 and s["result"] is None for s in pending["samples"])
     calls_at_checkpoint = len(CALLS)
     driver = EpisodeDriver(AgenticConfig(**config), tok, max_turn_tokens=64)
     queue = MessageQueue(maxsize=2)
