@@ -343,6 +343,7 @@ def _summarize(run_dir: Path, report: dict[str, Any]) -> dict[str, Any]:
     act, deact = report["switch_totals"]["activate"], report["switch_totals"]["deactivate"]
     lengths = _floats(rows, "train/response_length_mean")
     kept = _floats(rows, "train/kept_fraction")
+    hits = col("rollout/prefix_cache_hit_rate")
     wait_hybrid_s, wait_parked_s = _trainer_waits(run_dir)
     bound = _bound(run_dir)
     return {
@@ -370,6 +371,7 @@ def _summarize(run_dir: Path, report: dict[str, Any]) -> dict[str, Any]:
         "mq_size_mean": statistics.fmean(col("dynamic_resource/mq_size")) if cyc else math.nan,
         "response_length_mean": statistics.fmean(lengths) if lengths else math.nan,
         "kept_fraction_mean": statistics.fmean(kept) if kept else math.nan,
+        "prefix_cache_hit_rate": statistics.fmean(hits) if hits else math.nan,
         "final_deactivate_ratio": report["final_deactivate_ratio"],
         "cycles": len(cyc),
         "timings": report.get("timings", {}),
@@ -463,7 +465,8 @@ def _line(tag: str, s: dict[str, Any], total_s: float) -> str:
     head = (
         f"{tag:<24} train wall {wall:6.1f} s | final reward {s['reward_final']:.3f} +- {s['reward_final_sem']:.3f} "
         f"(first 10%: {s['reward_first']:.3f}) | trainer wait {100 * s['wait_share']:4.1f}% | "
-        f"hybrid activations {s['activations']}/{s['cycles']} cycles | machine load {s['load_mean']:.1f}"
+        f"hybrid activations {s['activations']}/{s['cycles']} cycles | prefix-cache hits "
+        f"{100 * s.get('prefix_cache_hit_rate', math.nan):.1f}% | machine load {s['load_mean']:.1f}"
     )
     t = s["timings"]
     sec = lambda k: t.get(k, [0, 0.0])[1]  # noqa: E731
@@ -756,6 +759,7 @@ def _report(
             f"final reward {mean:.3f} +- {sem:.3f} | trainer wait "
             f"{100 * statistics.median(r['wait_share'] for r in rs):.1f}% | hybrid activations "
             f"{statistics.median(r['activations'] for r in rs):.0f} of {statistics.median(r['cycles'] for r in rs):.0f}"
+            f" | prefix-cache hits {100 * statistics.fmean(r.get('prefix_cache_hit_rate', math.nan) for r in rs):.1f}%"
         )
     s_mean, s_sem = _pooled(static)
     spread = max(r["reward_final"] for r in static) - min(r["reward_final"] for r in static)
