@@ -28,6 +28,19 @@ T = TypeVar("T")
 TINY_MODEL_KWARGS: dict[str, Any] = {"hidden": 128, "layers": 2, "seed": 0}
 
 
+@pytest.fixture
+def ray_started_by_test() -> Callable[[], bool]:
+    """Whether Ray came up during the test: a session Ray started by an earlier test's fixture does not count."""
+    import sys
+
+    def up() -> bool:
+        ray = sys.modules.get("ray")
+        return ray is not None and ray.is_initialized()
+
+    before = up()
+    return lambda: up() and not before
+
+
 @pytest.fixture(scope="session")
 def run_async() -> Callable[[Awaitable[T]], T]:
     """``run_async(coro)`` → result (a fresh event loop per call)."""

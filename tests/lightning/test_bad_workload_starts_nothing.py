@@ -167,7 +167,11 @@ def live_children() -> set[int]:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_bad_workload_stops_the_fit_with_one_line_and_starts_nothing(
-    case: str, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    case: str,
+    model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    ray_started_by_test: Callable[[], bool],
 ) -> None:
     make_inputs, error_type, fragments = CASES[case]
     monkeypatch.chdir(tmp_path)  # relative reward paths are read from here
@@ -214,8 +218,7 @@ def test_a_bad_workload_stops_the_fit_with_one_line_and_starts_nothing(
     assert ray_starts == []
     for name, was_imported in imported_before.items():
         assert was_imported or name not in sys.modules, f"{name} was imported by a fit that never starts"
-    ray = sys.modules.get("ray")
-    assert ray is None or not ray.is_initialized()
+    assert not ray_started_by_test()
     assert live_children() - children_before == set()
     assert set(run_files_of_this_process()) - files_before == set()
     assert not run_dir.exists() or list(run_dir.iterdir()) == []

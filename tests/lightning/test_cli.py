@@ -396,6 +396,7 @@ def test_a_bad_model_path_is_one_line_before_anything_starts_or_is_written(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     no_run: None,
+    ray_started_by_test: Callable[[], bool],
 ) -> None:
     monkeypatch.chdir(tmp_path)
     mutate(quickstart)
@@ -409,8 +410,7 @@ def test_a_bad_model_path_is_one_line_before_anything_starts_or_is_written(
         assert fragment in lines[0], (fragment, lines[0])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]  # nothing written
     assert not Path("/nonexistent").exists()
-    ray = sys.modules.get("ray")
-    assert ray is None or not ray.is_initialized()
+    assert not ray_started_by_test()
 
 
 def test_a_directory_without_config_json_is_refused(tmp_path: Path) -> None:
@@ -455,7 +455,7 @@ CPU_EXAMPLES = [p for p in EXAMPLES if yaml.safe_load(p.read_text())["trainer"].
 
 @pytest.mark.parametrize("path", CPU_EXAMPLES, ids=[p.stem for p in CPU_EXAMPLES])
 def test_cpu_example_instantiates_without_starting_anything(
-    path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ray_started_by_test: Callable[[], bool]
 ) -> None:
     """``run=False`` builds the Trainer, module, data module and callback; Ray, the replicas and the tiny model
     only come up in the callback's ``setup``."""
@@ -472,8 +472,7 @@ def test_cpu_example_instantiates_without_starting_anything(
     assert len(callbacks) == 1
     callback = callbacks[0]
     assert callback.runtime is None and callback.controller is None
-    ray = sys.modules.get("ray")
-    assert ray is None or not ray.is_initialized()
+    assert not ray_started_by_test()
     assert list(tmp_path.iterdir()) == [], "instantiation wrote files (the model is only built in setup)"
     assert type(lightning_cli.trainer.strategy).__name__ == "HybridSingleDeviceStrategy"
     policy = expected["trainer"]["callbacks"][0]["init_args"]["async_training"]["dynamic_schedule_policy"]

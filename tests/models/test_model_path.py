@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
@@ -45,14 +45,14 @@ def test_a_bad_model_path_stops_the_fit_before_ray_or_any_file(
     rollout_path: str,
     build_model: bool,
     message: str,
+    ray_started_by_test: Callable[[], bool],
 ) -> None:
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match=message) as err:
         _fit(tmp_path, GRPOModule(model_path=module_path), rollout_path, build_model)
     assert len(err.value.problems) == 1
     assert list(tmp_path.iterdir()) == [] and not Path("/nonexistent").exists()
-    ray = sys.modules.get("ray")
-    assert ray is None or not ray.is_initialized()
+    assert not ray_started_by_test()
 
 
 def test_the_module_takes_the_rollout_model_path(tmp_path: Path) -> None:
