@@ -413,7 +413,9 @@ def _run_one(
     }
     spec_path = root / "spec.json"
     spec_path.write_text(json.dumps(spec))
-    env = dict(os.environ)
+    # the worker is a run of its own: a Ray run of the calling process (a test session's) must not leak into it
+    inherited = ("LHR_RUN_ID", "LHR_STAGING_DIR", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS")
+    env = {k: v for k, v in os.environ.items() if k not in inherited}
     env.setdefault("PYTHONUNBUFFERED", "1")
     t0 = time.monotonic()
     loads: list[float] = []

