@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
 
-from lightning_hybrid_rollout import metrics as M
-from lightning_hybrid_rollout.lightning.cycle_report import PREFIX_CACHE_HIT_RATE, CycleReport
+from lightning_hybrid_rollout.lightning.cycle_report import PREFIX_CACHE_HIT_RATE
 from lightning_hybrid_rollout.lightning.runtime import RuntimeQueries
 from lightning_hybrid_rollout.rollout.role_window import RoleWindow
+from tests.lightning._cycle_report_harness import cycle_report, recording_trainer
 
 
 class _Runtime(RuntimeQueries):
@@ -27,22 +26,8 @@ def test_each_cycle_logs_the_hit_rate_of_the_window_it_took() -> None:
     ]
     runtime = _Runtime(windows)
     logged: list[dict[str, float]] = []
-    trainer: Any = SimpleNamespace(
-        loggers=[SimpleNamespace(log_metrics=lambda values, step: logged.append(dict(values)))],
-        fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(_batches_that_stepped=0)),
-        callback_metrics={},
-    )
-    closed = {M.MQ_SIZE: 0.0, M.HYBRID_ACTIVE: 0.0, M.RESOURCE_UTILIZATION: 0.0}
-    report = CycleReport(
-        ledger=SimpleNamespace(close=lambda end: dict(closed)),  # type: ignore[arg-type]
-        runtime=runtime,
-        controller=None,
-        policy=SimpleNamespace(deactivate_ratio=0.3),  # type: ignore[arg-type]
-        workload=None,
-        clock=lambda: 0.0,
-        summary_every_n_cycles=0,
-        has_hybrid=False,
-    )
+    trainer = recording_trainer(logged)
+    report = cycle_report(runtime)
     for cycle in (1, 2):
         runtime.take_role_window()  # the callback takes the cycle's window at its sync decision
         report.emit(trainer, None, cycle, 0, 0)  # type: ignore[arg-type]

@@ -7,10 +7,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from lightning_hybrid_rollout import metrics as M
 from lightning_hybrid_rollout.config import AsyncTrainingConfig, RolloutConfig
-from lightning_hybrid_rollout.lightning.cycle_report import WEIGHT_SYNC_BYTES, CycleReport
+from lightning_hybrid_rollout.lightning.cycle_report import WEIGHT_SYNC_BYTES
 from lightning_hybrid_rollout.lightning.runtime import RolloutRuntime
+from tests.lightning._cycle_report_harness import cycle_report, recording_trainer
 
 
 class _Router:
@@ -31,22 +31,8 @@ def test_each_cycle_logs_the_bytes_of_the_pushes_it_made(tmp_path: Path) -> None
     runtime.replica_restarts = lambda: 0  # type: ignore[method-assign]
     replica = SimpleNamespace(replica_id="r0", is_alive=True)
     logged: list[dict[str, float]] = []
-    trainer: Any = SimpleNamespace(
-        loggers=[SimpleNamespace(log_metrics=lambda values, step: logged.append(dict(values)))],
-        fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(_batches_that_stepped=0)),
-        callback_metrics={},
-    )
-    closed = {M.MQ_SIZE: 0.0, M.HYBRID_ACTIVE: 0.0, M.RESOURCE_UTILIZATION: 0.0}
-    report = CycleReport(
-        ledger=SimpleNamespace(close=lambda end: dict(closed)),  # type: ignore[arg-type]
-        runtime=runtime,
-        controller=None,
-        policy=SimpleNamespace(deactivate_ratio=0.3),  # type: ignore[arg-type]
-        workload=None,
-        clock=lambda: 0.0,
-        summary_every_n_cycles=0,
-        has_hybrid=False,
-    )
+    trainer = recording_trainer(logged)
+    report = cycle_report(runtime)
     push = runtime.push_async
     asyncio.run(push([("w", 0)], [replica], 1))  # cycle 1: a standalone and a hybrid push
     asyncio.run(push([("w", 0)], [replica], 1))
