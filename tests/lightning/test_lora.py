@@ -398,7 +398,10 @@ def test_a_lora_fit_syncs_the_merged_model_to_every_replica(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("strategy", "devices"), [("hybrid_single_device", 1), ("hybrid_fsdp2", 2)])
+@pytest.mark.parametrize(
+    ("strategy", "devices"),
+    [("hybrid_single_device", 1), ("hybrid_fsdp2", 2), ("hybrid_deepspeed_stage_2", 1)],
+)
 def test_a_lora_fit_with_adapter_sync_sends_only_the_adapter_to_every_replica(
     strategy: str, devices: int, lora_model_dir: Path, tmp_path: Path
 ) -> None:
