@@ -35,6 +35,8 @@ __all__ = [
     "REPLICA_STATES",
     "SERVING_S",
     "STEP_METRICS",
+    "TOOLS_GROUP",
+    "TOOL_LANES",
     "TRAINED_PROMPT_TOKENS",
     "TRAINED_SAMPLES",
     "TRAINED_TOKENS",
@@ -56,6 +58,10 @@ REPLICA_STATES: tuple[str, ...] = ("active", "parked", "syncing", "switching")
 TRAINER_PHASES: tuple[str, ...] = ("waiting", "training", "weight_sync", "switching")
 #: The trainer's track.
 TRAINER_TRACK = "trainer/trainer"
+#: The group of the tool and environment call spans (``tools/lane_<k>``; see :meth:`TraceWriter.lane_span`).
+TOOLS_GROUP = "tools"
+#: The most lanes of one :meth:`TraceWriter.lane_span` group (past it, spans share the lane that frees first).
+TOOL_LANES = 32
 #: Counter: samples in the message queue.
 QUEUE_DEPTH = "queue_depth"
 #: Counter: samples being generated (the rollouter's active tasks).
@@ -127,6 +133,7 @@ class TraceWriter:
         self._closed = False
         self._pids: dict[str, int] = {}
         self._tids: dict[str, tuple[int, int]] = {}
+        self._lane_ends: dict[str, list[float]] = {}  # group -> each lane's latest span end (bounded: TOOL_LANES)
         header = {"otherData": _jsonable(dict(metadata or {})), "displayTimeUnit": "ms"}
         # the object's other keys first, then the (streamed) event array, closed by close()
         self._file.write(json.dumps(header)[:-1] + ', "traceEvents": [\n')
@@ -218,6 +225,41 @@ class TraceWriter:
                 event["args"] = _jsonable(dict(args))
             self._write_raw(event)
 
+    def lane_span(
+        self, group: str, name: str, start_s: float, end_s: float, args: Mapping[str, Any] | None = None
+    ) -> str:
+        """A span of calls that overlap one another (concurrent tool calls): on the first track ``group/lane_<k>``
+        free at ``start_s``, so no two spans of one track overlap (what trace viewers draw right).
+
+        Spans may come in any order of start (each is written when its call ends). At most :data:`TOOL_LANES`
+        lanes per group; past that the span shares the lane that freed first.
+
+        Args:
+            group: The lanes' group, e.g. :data:`TOOLS_GROUP`.
+            name: The call (a tool's name, ``env.reset``, ``env.step``).
+            start_s: Start, seconds since the run's origin.
+            end_s: End, seconds (>= start_s).
+            args: Extra JSON-able facts.
+
+        Returns:
+            The track written to.
+        """
+        start = self._time(start_s, "start_s")
+        end = self._time(end_s, "end_s")
+        with self._lock:
+            ends = self._lane_ends.setdefault(group, [])
+            lane = next((k for k, e in enumerate(ends) if e <= start), None)
+            if lane is None:
+                if len(ends) < TOOL_LANES:
+                    ends.append(end)
+                    lane = len(ends) - 1
+                else:
+                    lane = min(range(len(ends)), key=ends.__getitem__)
+            ends[lane] = max(ends[lane], end)
+        track = f"{group}/lane_{lane}"
+        self.span(track, name, start, end, args)
+        return track
+
     def counter(self, name: str, t: float, value: float) -> None:
         """A counter sample ("C"): ``name`` has ``value`` from ``t`` on.
 
@@ -249,6 +291,11 @@ class TraceWriter:
         for key, value in metrics.items():
             if math.isfinite(float(value)):
                 self.counter(key, t, value)
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran (later events would raise)."""
+        return self._closed
 
     def close(self) -> None:
         """Finish the JSON document and close the file (idempotent)."""
@@ -319,6 +366,11 @@ class TraceData:
     def spans_of(self, track: str) -> list[Span]:
         """The spans of one track, sorted by start."""
         return sorted((s for s in self.spans if s.track == track), key=lambda s: (s.start_s, s.end_s))
+
+    def group_spans(self, group: str) -> list[Span]:
+        """The spans of every track ``group/*`` (e.g. :data:`TOOLS_GROUP`'s lanes), sorted by start."""
+        prefix = f"{group}/"
+        return sorted((s for s in self.spans if s.track.startswith(prefix)), key=lambda s: (s.start_s, s.end_s))
 
     def counter_series(self, name: str) -> list[Counter]:
         """The samples of one counter, sorted by time."""

@@ -3,7 +3,9 @@
 described, the environment's reset text appended), bounds each model turn, and after a finished turn runs its tool
 calls or the environment's step off the rollouter's event loop (async tools awaited, sync ones and every
 environment call in one bounded worker pool, each under a timeout) and appends their tokens as the chat template
-renders them; :class:`AgenticConfig` holds the callback's keys and :class:`EpisodeWindow` the per-cycle metrics."""
+renders them; :class:`AgenticConfig` holds the callback's keys and :class:`EpisodeWindow` the per-cycle metrics.
+Each tool call and environment reset/step is handed, once it ended, to an optional :data:`SpanRecorder` (the run's
+trace: its ``tools`` lanes)."""
 
 from __future__ import annotations
 
@@ -35,9 +37,14 @@ from lightning_hybrid_rollout.agentic.tools import (
 )
 from lightning_hybrid_rollout.errors import AgentEnvironmentError, ConfigError
 
-__all__ = ["AgenticConfig", "EpisodeDriver", "EpisodeWindow"]
+__all__ = ["AgenticConfig", "EpisodeDriver", "EpisodeWindow", "SpanRecorder"]
 
 logger = logging.getLogger(__name__)
+
+#: ``(name, start, end, args)`` of one ended tool call or environment call: ``time.monotonic()`` seconds, and
+#: ``args`` with ``kind`` (``tool``/``environment``), ``episode``, ``turn``, ``status`` (``ok``/``error``/``timeout``)
+#: and, on an error, ``error`` (its kind or text).
+SpanRecorder = Callable[[str, float, float, Mapping[str, Any]], None]
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,7 @@ class _Live:
     episode: Episode
     env: EpisodeEnvironment | None
     runner: ToolRunner
+    uid: str = ""
     tool_calls: int = 0
     tool_errors: int = 0
     env_time_s: float = 0.0
@@ -139,6 +147,8 @@ class EpisodeDriver:
         chat_template: A template instead of the tokenizer's (:data:`PLAIN_CHAT_TEMPLATE` when it has none).
         prompt_key: The metadata key of a sample's prompt record (its ``messages``, None for a plain prompt).
         reserved_keys: Metadata keys that are not data set columns (never passed to ``reset``).
+        on_span: Gets each ended tool call and environment reset/step (:data:`SpanRecorder`; the runtime sets the
+            attribute when the run writes a trace).
 
     Raises:
         ToolError, AgentEnvironmentError, ConfigError: bad input, one line.
@@ -153,6 +163,7 @@ class EpisodeDriver:
         chat_template: str | None = None,
         prompt_key: str = "lhr_prompt",
         reserved_keys: Sequence[str] = ("lhr_prompt", "rollout", "episode"),
+        on_span: SpanRecorder | None = None,
     ) -> None:
         if not config.enabled:
             raise ConfigError("an EpisodeDriver needs tools or an environment")
@@ -177,6 +188,8 @@ class EpisodeDriver:
         self._window = EpisodeWindow()
         #: Episodes restarted from their prompt since the run began (in flight at a checkpoint or a lost driver).
         self.episodes_restarted = 0
+        self.on_span = on_span
+        self._span_failed = False
 
     # ---------------------------------------------------------------------------------------- EpisodeRunner
 
@@ -204,12 +217,19 @@ class EpisodeDriver:
         reset_text = None
         if self.factory is not None:
             row = {k: v for k, v in group.metadata.items() if k not in self.reserved_keys}
+            t0 = None
             try:
                 env = await self._offload(self.factory.make)
+                t0 = time.monotonic()
                 reset_text = await self._offload(env.reset, row, st.seed)
-            except AgentEnvironmentError:
+                self._span("env.reset", "environment", t0, st.uid, 0)
+            except AgentEnvironmentError as err:
+                if t0 is not None:
+                    self._span("env.reset", "environment", t0, st.uid, 0, err)
                 raise
             except Exception as err:  # without a reset there is no episode: the run stops, one line
+                if t0 is not None:
+                    self._span("env.reset", "environment", t0, st.uid, 0, err)
                 raise AgentEnvironmentError(
                     f"environment {self.factory.spec!r}: reset() failed for episode {st.uid}: "
                     f"{_describe(err, self)}; fix the environment"
@@ -239,7 +259,7 @@ class EpisodeDriver:
                 f"{self.budget.max_episode_tokens}; raise max_episode_tokens or shorten the prompt"
             )
         runner = ToolRunner(tools, timeout_s=self.config.tool_timeout_s, pool=self._pool)
-        live = _Live(episode, env, runner)
+        live = _Live(episode, env, runner, uid=st.uid)
         self._live[st.uid] = live
         st.prompt_ids = ids
         st.loss_mask = []
@@ -325,6 +345,7 @@ class EpisodeDriver:
             episode,
             env,
             runner,
+            uid=st.uid,
             tool_calls=int(saved.get("tool_calls", 0)),
             tool_errors=int(saved.get("tool_errors", 0)),
             env_time_s=float(saved.get("env_time_s", 0.0)),
@@ -339,13 +360,16 @@ class EpisodeDriver:
         episode = live.episode
         if isinstance(live.env, GymEnvironment):
             t0 = time.monotonic()
+            turn = episode.num_model_turns
             try:
                 result = await self._offload(live.env.step, text)
             except Exception as err:  # a raising or hanging step: the model reads it, the run goes on
                 live.tool_errors += 1
+                self._span("env.step", "environment", t0, live.uid, turn, err)
                 return [{"role": "user", "content": f"Error: the environment failed: {_describe(err, self)}"}]
             finally:
                 live.env_time_s += time.monotonic() - t0
+            self._span("env.step", "environment", t0, live.uid, turn, result.error)
             live.tool_calls += 1
             if result.error is not None:
                 live.tool_errors += 1
@@ -366,6 +390,7 @@ class EpisodeDriver:
             t0 = time.monotonic()
             result: ToolResult = await live.runner.run(call)
             live.env_time_s += time.monotonic() - t0
+            self._span(call.name, "tool", t0, live.uid, episode.num_model_turns, result.error)
             live.tool_calls += 1
             live.tool_errors += result.error is not None
             answers.append(result.message)
@@ -414,6 +439,24 @@ class EpisodeDriver:
             "weight_versions": episode.weight_versions,
             "template_fallbacks": episode.template_fallbacks,
         }
+
+    def _span(
+        self, name: str, kind: str, t0: float, uid: str, turn: int, error: BaseException | str | None = None
+    ) -> None:
+        """Hand one ended call (from ``t0`` to now) to :attr:`on_span`; a failing recorder never stops an episode."""
+        if self.on_span is None:
+            return
+        args: dict[str, Any] = {"kind": kind, "episode": uid, "turn": turn, "status": "ok"}
+        if error is not None:
+            timed_out = error == "timeout" or isinstance(error, TimeoutError)
+            args["status"] = "timeout" if timed_out else "error"
+            args["error"] = _describe(error, self) if isinstance(error, BaseException) else str(error)[:300]
+        try:
+            self.on_span(name, t0, time.monotonic(), args)
+        except Exception as err:  # the trace is a view of the run, not part of it
+            if not self._span_failed:
+                self._span_failed = True
+                logger.warning("recording a tool span failed (further failures are not logged): %s", err)
 
     def _template_renders(self, schemas: list[dict[str, Any]]) -> bool:
         key = tuple(sorted(s["function"]["name"] for s in schemas))

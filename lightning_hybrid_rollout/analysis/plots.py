@@ -1,6 +1,6 @@
 """PNG renderers shared by ``lhr simulate --plot`` and ``lhr report`` (timelines, ``mq_size``, utilizations, time
 breakdown): both read the same trace (:mod:`lightning_hybrid_rollout.trace`), so a simulated run and a real one draw
-the same pictures.
+the same pictures. A multi-turn run's timeline adds a lane on top with its tool and environment calls.
 
 Example::
 
@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lightning_hybrid_rollout.trace import STEP_METRICS, TRAINER_TRACK, Span, TraceData
+from lightning_hybrid_rollout.trace import STEP_METRICS, TOOLS_GROUP, TRAINER_TRACK, Span, TraceData
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,8 @@ COLORS: dict[str, str] = {
     "weight_sync": "#3BAA5C",
     "switching": "#9A9A9A",
     "waiting": "#E4E4E4",
+    "tool": "#A15CC4",
+    "tool_error": "#D64545",
 }
 LABELS: dict[str, str] = {
     "rollout": "rollout",
@@ -44,6 +46,8 @@ LABELS: dict[str, str] = {
     "weight_sync": "weight sync",
     "switching": "switching",
     "waiting": "trainer waiting",
+    "tool": "tool / env call",
+    "tool_error": "tool / env error or timeout",
 }
 
 
@@ -124,7 +128,9 @@ def plot_timeline(
             first = max([d for _, _, ds in rows for d in ds], default=-1) + 1
             devices = list(range(first, first + n))
         layout.append((TRAINER_TRACK, "trainer", devices))
-    fig_h = max(2.6, 0.45 + 0.16 * sum(len(d) for _, _, d in layout))
+    tool_spans = _clip(trace.group_spans(TOOLS_GROUP), t0, t1)
+    tool_h = 1.0 if trace.group_spans(TOOLS_GROUP) else 0.0  # the lane shows (empty) in any window of such a run
+    fig_h = max(2.6, 0.45 + 0.16 * (sum(len(d) for _, _, d in layout) + tool_h))
     fig, ax = plt.subplots(figsize=(10, min(fig_h, 7.5)), dpi=100)
     y = 0.0
     yticks, ylabels = [], []
@@ -160,6 +166,13 @@ def plot_timeline(
         yticks.append(y + h * 0.46)
         ylabels.append(label)
         y += h
+    if tool_h:  # concurrent calls overlap in this one lane: each is drawn, errors and timeouts on top
+        for a, b, s in tool_spans:
+            failed = s.args.get("status", "ok") != "ok"
+            bar(a, max(b, a + 1e-6), y, tool_h * 0.92, "tool_error" if failed else "tool", 3 if failed else 2)
+        yticks.append(y + tool_h * 0.46)
+        ylabels.append("tools / environment")
+        y += tool_h
     used: set[str] = set()
     for (_, y0, h, what), bars in sorted(segments.items(), key=lambda item: item[0][0]):
         ax.broken_barh(bars, (y0, h), facecolors=COLORS[what], edgecolors="none")

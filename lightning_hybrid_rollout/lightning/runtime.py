@@ -23,6 +23,7 @@ from lightning_hybrid_rollout.lightning.placement import pin_trainer_process, pl
 from lightning_hybrid_rollout.rollout.engine import SamplingSpec
 from lightning_hybrid_rollout.rollout.event_loop import EventLoopThread
 from lightning_hybrid_rollout.rollout.message_queue import MessageQueue
+from lightning_hybrid_rollout.trace import TOOLS_GROUP
 
 if TYPE_CHECKING:
     from lightning_hybrid_rollout.lightning.workload import PromptFeed, Workload
@@ -289,6 +290,8 @@ class RolloutRuntime(RuntimeQueries):
         if w is None:
             raise RuntimeError("RolloutRuntime.start needs a workload (prompts, rewards, tokenizer)")
         self.prompt_feed = w.prompt_feed()
+        if w.episodes is not None and self._trace is not None:
+            w.episodes.on_span = self.trace_tool_call  # the tool/environment calls' spans: the trace's tools lanes
         self.rollouter = Rollouter(
             self.prompt_feed,
             w.tokenizer.encode,
@@ -676,6 +679,12 @@ class RolloutRuntime(RuntimeQueries):
         for name, total in sorted(self._totals.items()):
             self._trace.counter(name, self._ts(t), total)
         self._trace.step_metrics(step, self._ts(t), metrics)
+
+    def trace_tool_call(self, name: str, start: float, end: float, args: Mapping[str, Any]) -> None:
+        """One ended tool call or environment reset/step (``time.monotonic()`` times) on a ``tools/lane_<k>`` track
+        (:meth:`~lightning_hybrid_rollout.trace.TraceWriter.lane_span`: concurrent calls get lanes of their own)."""
+        if self._trace is not None and not self._trace.closed:  # a call ending after stop() closed the trace
+            self._trace.lane_span(TOOLS_GROUP, name, self._ts(start), self._ts(max(start, end)), args)
 
     def _close_trace(self) -> None:
         if self._trace is None:

@@ -366,3 +366,40 @@ def test_every_turn_of_an_episode_is_routed_to_the_replica_that_served_its_first
     assert all(len(ids) == 1 for ids in served.values()), served
     assert {i for ids in served.values() for i in ids} == {"r0", "r1"}  # and the episodes spread over both
     assert all(s.metadata["episode"]["turns"] == 3 for s in samples)
+
+
+def test_each_tool_call_and_environment_call_is_one_span_with_its_status(smollm2_tokenizer) -> None:
+    tok = smollm2_tokenizer
+    spans: list[tuple[str, float, float, dict[str, Any]]] = []
+
+    def record(name: str, start: float, end: float, args: Any) -> None:
+        spans.append((name, start, end, dict(args)))
+
+    script = [
+        call(2, 3),
+        '<tool_call>{"name": "explode", "arguments": {"x": 1}}</tool_call>',
+        '<tool_call>{"name": "slow", "arguments": {"x": 1}}</tool_call>',
+        "ok",
+    ]
+    driver = driver_for(tok, [add, explode, slow], tool_timeout_s=0.2)
+    driver.on_span = record
+    [sample] = run_episodes([ScriptedReplica("r0", tok, script)], driver, n=1)
+    assert [s[0] for s in spans] == ["add", "explode", "slow"]
+    assert len(spans) == sample.metadata["episode"]["tool_calls"]
+    assert all(end >= start for _, start, end, _ in spans)
+    assert [a["status"] for *_, a in spans] == ["ok", "error", "timeout"]
+    assert [a["turn"] for *_, a in spans] == [1, 2, 3]
+    assert {a["episode"] for *_, a in spans} == {sample.uid} and {a["kind"] for *_, a in spans} == {"tool"}
+    assert [a.get("error") for *_, a in spans] == [None, "raised", "timeout"]  # the ToolRunner's error kinds
+
+    spans.clear()  # an environment: its reset and each step
+    env = EpisodeDriver(
+        AgenticConfig(environment="tests.agentic.my_envs:make", environment_kwargs={"env_id": "guess"}),
+        tok,
+        max_turn_tokens=64,
+        on_span=record,
+    )
+    [sample] = run_episodes([ScriptedReplica("r0", tok, ["1", "3"])], env, n=1)
+    assert [s[0] for s in spans] == ["env.reset", "env.step", "env.step"]
+    assert [a["turn"] for *_, a in spans] == [0, 1, 2] and {a["kind"] for *_, a in spans} == {"environment"}
+    assert all(a["status"] == "ok" and end >= start for _, start, end, a in spans)

@@ -55,3 +55,32 @@ def test_report_of_a_folder_without_a_trace_is_one_readable_error(tmp_path, caps
     with pytest.raises(SystemExit):
         report_main([str(tmp_path)])
     assert "no trace.json" in capsys.readouterr().err
+
+
+def _pixels_of(png, hex_color: str) -> int:
+    """How many pixels of ``png`` have exactly the color ``#rrggbb``."""
+    import matplotlib.image
+    import numpy as np
+
+    rgb = np.round(matplotlib.image.imread(png)[..., :3] * 255).astype(int)
+    want = np.array([int(hex_color[i : i + 2], 16) for i in (1, 3, 5)])
+    return int((rgb == want).all(axis=-1).sum())
+
+
+def test_report_timeline_shows_the_tool_and_environment_calls_of_a_multi_turn_run(tmp_path, capsys):
+    from lightning_hybrid_rollout.analysis.plots import COLORS
+    from lightning_hybrid_rollout.trace import TOOLS_GROUP, TraceWriter
+
+    with TraceWriter(tmp_path / "trace.json", {"run": "agentic", "train_devices": 1}) as tw:
+        tw.describe_track("replica/standalone_0", kind="standalone", devices=[1])
+        tw.span("replica/standalone_0", "active", 0.0, 10.0)
+        tw.span("trainer/trainer", "waiting", 0.0, 2.0, {"hybrid": False})
+        tw.span("trainer/trainer", "training", 2.0, 9.0)
+        tw.lane_span(TOOLS_GROUP, "env.reset", 0.0, 0.5, {"kind": "environment", "turn": 0, "status": "ok"})
+        tw.lane_span(TOOLS_GROUP, "add", 1.0, 4.0, {"kind": "tool", "turn": 1, "status": "ok"})
+        tw.lane_span(TOOLS_GROUP, "slow", 5.0, 8.0, {"kind": "tool", "turn": 2, "status": "timeout"})
+    assert report_main([str(tmp_path)]) == 0
+    capsys.readouterr()
+    png = tmp_path / "plots" / "timeline_agentic.png"
+    assert _pixels_of(png, COLORS["tool"]) > 100  # the calls' lane
+    assert _pixels_of(png, COLORS["tool_error"]) > 100  # the timed-out call, flagged

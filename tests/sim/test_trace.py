@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -88,3 +89,21 @@ def test_simulator_trace_covers_replicas_trainer_queue_and_steps(tmp_path):
     )
     assert trace.counter_series("queue_depth") and len(trace.steps) == sc.steps
     assert trace.end_s == pytest.approx(result.time_s)
+
+
+def test_overlapping_calls_get_lanes_of_their_own_and_the_lanes_are_bounded(tmp_path):
+    from lightning_hybrid_rollout.trace import TOOL_LANES, TOOLS_GROUP
+
+    path = tmp_path / "t.json"
+    # written as the calls end (not in order of start): a long call, two short ones inside it, a later one
+    calls = [("a", 1.0, 2.0), ("b", 2.5, 3.0), ("long", 0.0, 10.0), ("c", 4.0, 5.0)]
+    with TraceWriter(path) as tw:
+        tracks = [tw.lane_span(TOOLS_GROUP, name, a, b, {"status": "ok"}) for name, a, b in calls]
+        many = {tw.lane_span("busy", "x", 0.0, 1.0) for _ in range(TOOL_LANES + 5)}
+    assert tracks == ["tools/lane_0", "tools/lane_0", "tools/lane_1", "tools/lane_0"]
+    assert len(many) == TOOL_LANES  # past the bound, calls share a lane
+    trace = load_trace(path)
+    assert [s.name for s in trace.group_spans(TOOLS_GROUP)] == ["long", "a", "b", "c"]
+    for track in {s.track for s in trace.group_spans(TOOLS_GROUP)}:
+        spans = trace.spans_of(track)
+        assert all(p.end_s <= n.start_s for p, n in itertools.pairwise(spans))  # no overlap within a lane
