@@ -1,28 +1,38 @@
-"""Does a slow tool stall generation? Multi-turn episodes on a real vLLM replica (tiny model, one core, in Ray), each
-model turn followed by one tool call, with a tool that sleeps 1-3 s versus one that answers at once.
+"""Does a slow tool stall generation? Multi-turn episodes streamed to a real vLLM replica (tiny model, one core, in
+Ray), each model turn followed by one tool call, with a tool that sleeps 1-3 s versus one that answers at once.
 
-Each run generates the same number of episodes (``--prompts`` x ``--n``, ``--turns`` model turns each) through the
-:class:`Rollouter` with an :class:`EpisodeDriver`; the tool call is read by a parser registered here that calls the
-tool after every turn (the tiny model writes no tool-call JSON; the benchmark measures the runtime, not the model).
-While an episode waits on its tool, its replica should serve the other episodes: the figure is the replica's decode
-throughput (model tokens per second of generation wall time, tool waits included) with slow tools over instant ones.
-An episode waiting on its tool still holds its in-flight slot, so the figure depends on how many episodes are in
-flight against how long the waits are: with few (``--prompts 8 --concurrency 32``: 0.13 on 2 vCPUs) the replica idles
-while all of them wait; with the defaults (256 in flight) the waits overlap the others' decoding. A runtime that
-blocked its loop on a tool would serialize every wait (here 1037 s of tool wait summed over the run's episodes). The
-LAST line printed is ``decode tokens/s ratio (slow tools / instant): X.XX``.
+One :class:`Rollouter` with an :class:`EpisodeDriver` streams episodes (``--n`` per prompt, ``--turns`` model turns
+each) from an endless prompt stream, as in training: a thread stands in for an instant trainer, taking each finished
+group and opening the next staleness budget (``--episodes`` = ``max_required_samples``: episodes admitted and not yet
+consumed). The tool call is read by a parser registered here that calls the tool after every turn but the last (the
+tiny model writes no tool-call JSON; the benchmark measures the runtime, not the model). The two tool delays
+alternate on the same stream, ``--rounds`` windows each: after a switch the stream settles ``--settle`` s, then a
+window of ``--window`` s counts the model tokens of the turns the replica returned between its start and end marks
+(``Rollouter.take_role_window``). The figure is decode tokens/s over the windows with slow tools over the same with
+instant ones; alternating them on one engine keeps a loaded host's drift out of the ratio.
+
+An episode in its tool turn holds no engine request, so it leaves the in-flight cap (``--concurrency`` =
+``concurrent_samples_per_replica``) and the replica decodes other episodes meanwhile. Enough concurrency means enough
+episodes admitted to keep the cap full while the others wait (Little's law): about 3500 tokens/s / 32 tokens per turn
+x 2/3 of turns followed by a tool x 2 s mean wait = ~150 episodes in tools, plus the 64 decoding and the groups whose
+first episodes finished; the default 512 covers that with room, and 64 slots keep this engine busy. With episodes
+holding their slot through the tool (before 2026-12-06) the same settings gave 0.41. The LAST line printed is
+``decode tokens/s ratio (slow tools / instant): X.XX``.
 
 Usage::
 
-    python benchmarks/agentic_tool_latency.py [--prompts 64 --n 4 --turns 3 --concurrency 256]
+    python benchmarks/agentic_tool_latency.py [--concurrency 64 --episodes 512 --window 15 --rounds 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import os
 import random
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,10 +41,12 @@ from typing import Any
 from lightning_hybrid_rollout.agentic import AgenticConfig, EpisodeDriver
 from lightning_hybrid_rollout.agentic.tool_parsers import ParsedTurn, ToolCall, ToolCallParser, register_tool_parser
 from lightning_hybrid_rollout.rollout.engine import SamplingSpec
-from lightning_hybrid_rollout.rollout.message_queue import MessageQueue
+from lightning_hybrid_rollout.rollout.message_queue import MessageQueue, MessageQueueClosed
 from lightning_hybrid_rollout.rollout.rollouter import Rollouter
 
-#: Seconds each call of the slow tool sleeps, drawn uniformly; 0 for the instant one (set per run).
+#: Seconds each tool call sleeps, drawn uniformly, per measured mode.
+MODES: dict[str, tuple[float, float]] = {"instant tools": (0.0, 0.0), "tools sleeping 1-3 s": (1.0, 3.0)}
+#: The current mode's delay (switched while the stream runs).
 DELAY: tuple[float, float] = (0.0, 0.0)
 _RNG = random.Random(0)
 
@@ -62,23 +74,21 @@ class EveryTurnParser(ToolCallParser):
         return "Call lookup."
 
 
-def run(replica: Any, tok: Any, args: argparse.Namespace, delay: tuple[float, float]) -> dict[str, float]:
-    """One run of ``prompts x n`` episodes; model tokens, generation seconds and tokens/s."""
+def run(replica: Any, tok: Any, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Stream episodes; per tool delay, the decode tokens/s and mean occupancy over its windows."""
     global DELAY
-    DELAY = delay
     config = AgenticConfig(
         tools=(f"{__name__}:lookup",),
         tool_parser="every_turn",
         max_turns=args.turns,
         max_episode_tokens=480,
         tool_timeout_s=10.0,
-        tool_workers=args.concurrency,
+        tool_workers=args.episodes,
     )
     driver = EpisodeDriver(config, tok, max_turn_tokens=args.max_tokens)
-    total = args.prompts * args.n
-    queue = MessageQueue(maxsize=total)
+    queue = MessageQueue(maxsize=args.episodes)  # max_required_samples: the episodes admitted and not yet consumed
     rollouter = Rollouter(
-        [{"prompt": f"{(7 * i) % 100}+{(13 * i) % 100}="} for i in range(args.prompts)],
+        ({"prompt": f"{(7 * i) % 100}+{(13 * i) % 100}="} for i in itertools.count()),
         lambda text: tok(text)["input_ids"],
         lambda sample: 0.0,
         queue,
@@ -88,29 +98,50 @@ def run(replica: Any, tok: Any, args: argparse.Namespace, delay: tuple[float, fl
         concurrent_samples_per_replica=args.concurrency,
         episodes=driver,
     )
-    t0 = time.monotonic()
+    done = threading.Event()
+
+    def train() -> None:  # an instant trainer: takes each group and opens the next staleness budget
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError, MessageQueueClosed):
+                queue.get_batch(args.n, timeout=0.2)
+            rollouter.reset_staleness()
+
+    trainer = threading.Thread(target=train, daemon=True)
+    totals = {mode: {"tokens": 0.0, "seconds": 0.0, "decoding": 0.0, "in_tools": 0.0} for mode in MODES}
     with rollouter:
-        samples = queue.get_batch(total, timeout=1800)
-    seconds = time.monotonic() - t0
+        trainer.start()
+        time.sleep(args.warmup)  # the engine compiles its graphs
+        for mode in [m for _ in range(args.rounds) for m in MODES]:
+            DELAY = MODES[mode]
+            time.sleep(args.settle)  # the episodes of the other delay leave; the stream settles
+            rollouter.take_role_window()  # the start mark
+            occupancy = []
+            for _ in range(int(args.window / 0.5)):
+                time.sleep(0.5)
+                occupancy.append((rollouter.in_flight, rollouter.episodes_in_tools))
+            window = rollouter.take_role_window()  # the end mark
+            t = totals[mode]
+            t["tokens"] += window.decoded_tokens["standalone"]
+            t["seconds"] += window.end_s - window.start_s
+            t["decoding"] += sum(d for d, _ in occupancy) / len(occupancy) / args.rounds
+            t["in_tools"] += sum(w for _, w in occupancy) / len(occupancy) / args.rounds
+        done.set()
+        trainer.join()
     driver.close()
-    tokens = sum(sum(s.loss_mask) for s in samples)
-    window = driver.take_window().metrics()
-    return {
-        "tokens": tokens,
-        "seconds": seconds,
-        "tokens_per_s": tokens / seconds,
-        "env_time_s": window["rollout/env_time_s"],
-        "turns_mean": window["rollout/turns_mean"],
-    }
+    return totals
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=64, help="prompt groups per run")
     parser.add_argument("--n", type=int, default=4, help="episodes per prompt")
     parser.add_argument("--turns", type=int, default=3, help="model turns per episode (a tool call after each)")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens per model turn")
-    parser.add_argument("--concurrency", type=int, default=256, help="episodes in flight on the replica")
+    parser.add_argument("--concurrency", type=int, default=64, help="concurrent_samples_per_replica (decoding)")
+    parser.add_argument("--episodes", type=int, default=512, help="max_required_samples: episodes admitted at once")
+    parser.add_argument("--warmup", type=float, default=10.0, help="seconds before the first mode")
+    parser.add_argument("--settle", type=float, default=10.0, help="seconds after a mode switch before its window")
+    parser.add_argument("--window", type=float, default=15.0, help="seconds of each measured window")
+    parser.add_argument("--rounds", type=int, default=2, help="windows per mode (the modes alternate)")
     args = parser.parse_args()
 
     from transformers import AutoTokenizer
@@ -128,15 +159,15 @@ def main() -> None:
     )
     with RayRuntime(num_cpus=max(2, len(os.sched_getaffinity(0)))) as rt:
         [replica] = rt.start_replicas([ReplicaSpec("r0", "standalone", cfg, index=0)])
-        run(replica, tok, args, (0.0, 0.0))  # warm-up: compile and cache the engine's graphs
-        instant = run(replica, tok, args, (0.0, 0.0))
-        slow = run(replica, tok, args, (1.0, 3.0))
-    for name, r in (("instant tools", instant), ("tools sleeping 1-3 s", slow)):
+        totals = run(replica, tok, args)
+    for name, r in totals.items():
+        rate = r["tokens"] / r["seconds"]
         print(
-            f"{name}: {r['tokens']:.0f} model tokens in {r['seconds']:.1f} s = {r['tokens_per_s']:.1f} tokens/s "
-            f"(turns/episode {r['turns_mean']:.1f}, tool wait {r['env_time_s']:.1f} s summed over episodes)"
+            f"{name}: {r['tokens']:.0f} model tokens in {r['seconds']:.1f} s = {rate:.1f} tokens/s "
+            f"(episodes decoding {r['decoding']:.0f}, in tools {r['in_tools']:.0f}, on average)"
         )
-    print(f"decode tokens/s ratio (slow tools / instant): {slow['tokens_per_s'] / instant['tokens_per_s']:.2f}")
+    instant, slow = (r["tokens"] / r["seconds"] for r in totals.values())
+    print(f"decode tokens/s ratio (slow tools / instant): {slow / instant:.2f}")
 
 
 if __name__ == "__main__":

@@ -71,8 +71,9 @@ class SampleGenerator:
     With ``host.episodes`` each sample is a multi-turn episode and runs on its own (an episode waiting on a tool
     must not hold the others back), routed sticky per episode (its uid: each turn extends the replica's cached
     prefix); a model turn that finishes is handed to the runner, whose tool/environment tokens are appended before
-    the next turn is generated from prompt + everything so far. A turn aborted by a hybrid deactivation continues
-    on another replica like any segment; the tool before it already ran, once.
+    the next turn is generated from prompt + everything so far; the runner's turn is awaited through ``tool_turn``,
+    which lets the rollouter count the episode out of the in-flight cap meanwhile. A turn aborted by a hybrid
+    deactivation continues on another replica like any segment; the tool before it already ran, once.
 
     Args:
         host: The rollouter: its settings and segment counters.
@@ -94,6 +95,7 @@ class SampleGenerator:
         park: Callable[[int], Awaitable[None]],
         stopping: Callable[[], bool],
         finished: Callable[[SampleState, str], None],
+        tool_turn: Callable[[Awaitable[str | None]], Awaitable[str | None]] | None = None,
     ) -> None:
         """Run segments until every sample of ``batch`` finished or the rollouter stops (their state is kept).
 
@@ -104,6 +106,8 @@ class SampleGenerator:
             park: Wait for the gate to open (the rollouter counts the ``n`` parked samples).
             stopping: Whether the rollouter is stopping.
             finished: Called once per sample as soon as it finishes, with its finish reason.
+            tool_turn: Awaits an episode's ``after_turn`` for the rollouter (which frees the episode's in-flight
+                slot meanwhile); None awaits it directly.
         """
         host = self._host
         episodes = host.episodes
@@ -112,7 +116,15 @@ class SampleGenerator:
                 async with asyncio.TaskGroup() as tasks:  # one raising cancels the others, like one batch would
                     for st in batch:
                         tasks.create_task(
-                            self.generate([st], group, gate=gate, park=park, stopping=stopping, finished=finished)
+                            self.generate(
+                                [st],
+                                group,
+                                gate=gate,
+                                park=park,
+                                stopping=stopping,
+                                finished=finished,
+                                tool_turn=tool_turn,
+                            )
                         )
             except ExceptionGroup as errors:  # the first error, as a one-sample batch would raise it
                 raise errors.exceptions[0] from None
@@ -137,7 +149,7 @@ class SampleGenerator:
             for st in pending:
                 limit = self._limit(st)
                 if limit <= 0:  # restored from a checkpoint at full length, or an episode turn out of room
-                    reason = "length" if episodes is None else await episodes.after_turn(st, "length")
+                    reason = "length" if episodes is None else await self._turn(episodes, st, "length", tool_turn)
                     limit = self._limit(st) if reason is None else 0
                     if limit <= 0:
                         finished(st, reason or "length")
@@ -186,7 +198,7 @@ class SampleGenerator:
                 bound = len(st.tokens) + spec.max_tokens  # where this turn (or plain response) must stop
                 reason, wait = self._settle(st, outcome, len(prompt), spec.max_tokens, replica, rid, bound, stop_ids)
                 if reason is not None and episodes is not None:
-                    reason = await episodes.after_turn(st, reason)
+                    reason = await self._turn(episodes, st, reason, tool_turn)
                 if reason is not None:
                     finished(st, reason)
                 else:
@@ -195,6 +207,17 @@ class SampleGenerator:
             pending = retry
             if pending and backoff > 0:
                 await asyncio.sleep(backoff)
+
+    @staticmethod
+    async def _turn(
+        episodes: EpisodeRunner,
+        st: SampleState,
+        reason: str,
+        tool_turn: Callable[[Awaitable[str | None]], Awaitable[str | None]] | None,
+    ) -> str | None:
+        """What follows ``st``'s finished model turn (its tool/environment turn), through ``tool_turn`` if given."""
+        turn = episodes.after_turn(st, reason)
+        return await (turn if tool_turn is None else tool_turn(turn))
 
     def _limit(self, st: SampleState) -> int:
         """The most tokens ``st``'s next segment may have: its response's room, or its episode turn's."""

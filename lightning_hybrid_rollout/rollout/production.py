@@ -3,7 +3,9 @@
 :class:`ProductionLoop` is the loop side of :class:`~lightning_hybrid_rollout.rollout.rollouter.Rollouter`, which
 turns its ``_*_async`` coroutines into thread-safe methods; everything here runs on that one loop, so nothing takes a
 lock. A group is dispatched as one batch once the in-flight cap has room for it, rewarded once all its samples are
-finished, and put into the queue in one atomic put (docs/rollout.md).
+finished, and put into the queue in one atomic put (docs/rollout.md). An episode in its tool/environment turn holds
+no engine request, so it leaves the in-flight count for that turn and takes a slot again, ahead of new dispatches,
+before its next model turn.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import contextlib
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from lightning_hybrid_rollout.rollout.engine import SamplingSpec
@@ -125,8 +127,13 @@ class ProductionLoop:
         self._groups: dict[str, PromptGroup] = {}
         self._to_dispatch: deque[SampleState] = deque()
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        #: Samples dispatched and not finished, less the episodes in a tool/environment turn: what the cap counts.
         self._in_flight = 0
         self._parked = 0
+        #: Episodes in a tool/environment turn, or back from it and waiting for a slot (they hold none).
+        self._in_tools = 0
+        #: Those waiting for a slot, in arrival order; they get one before any new dispatch.
+        self._slot_waiters: deque[asyncio.Future[None]] = deque()
         self._history = UtilizationHistory(self._cap())
         self._exhausted = False
         self._stopping = False
@@ -170,6 +177,7 @@ class ProductionLoop:
             "dropped": self.dropped,
             "staleness_samples": self.staleness_samples,
             "in_flight": self._in_flight,
+            "episodes_in_tools": self._in_tools,
         }
 
     # ================================================================== the loop
@@ -204,7 +212,10 @@ class ProductionLoop:
 
     def _progress(self) -> bool:
         """Dispatch one admitted sample or admit one prompt group; False when blocked."""
+        self._grant_slots()
         if self._stopping or self._paused or self._error is not None:
+            return False
+        if self._slot_waiters:  # episodes back from their tools go first: a started episode finishes first
             return False
         cap = self._cap()
         if self._to_dispatch:
@@ -296,7 +307,13 @@ class ProductionLoop:
         try:
             try:
                 await self._generator.generate(
-                    batch, group, gate=self._gate, park=self._park, stopping=lambda: self._stopping, finished=finished
+                    batch,
+                    group,
+                    gate=self._gate,
+                    park=self._park,
+                    stopping=lambda: self._stopping,
+                    finished=finished,
+                    tool_turn=self._tool_turn,
                 )
             finally:
                 if running:  # unfinished (the rollouter stopped, or an error): their state stays in the group
@@ -330,6 +347,58 @@ class ProductionLoop:
         finally:
             self._parked -= n
             self._record()
+
+    async def _tool_turn(self, turn: Awaitable[str | None]) -> str | None:
+        """Await an episode's tool/environment turn (``EpisodeRunner.after_turn``) off its in-flight slot.
+
+        The episode holds no engine request meanwhile, so the replica's slot goes to another sample. When a model
+        turn follows, the episode waits for a slot again (ahead of new dispatches); when it returns or raises it
+        holds one again, which ``finished`` or the batch's bookkeeping releases.
+        """
+        self._in_flight -= 1
+        self._in_tools += 1
+        self._record()
+        self._kick()
+        try:
+            reason = await turn
+        except BaseException:
+            self._hold_slot()
+            raise
+        if reason is None:
+            await self._take_slot()  # holds a slot once it returns or raises
+        else:
+            self._hold_slot()  # the episode ended: finished() releases the slot at once
+        return reason
+
+    def _hold_slot(self) -> None:
+        self._in_tools -= 1
+        self._in_flight += 1
+        self._record()
+
+    async def _take_slot(self) -> None:
+        """Wait until the cap has room (or the rollouter stops), behind the episodes that came back earlier."""
+        if not self._slot_waiters and (self._in_flight < self._cap() or self._stopping):
+            self._hold_slot()
+            return
+        assert self._loop is not None
+        granted = self._loop.create_future()
+        self._slot_waiters.append(granted)
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if not granted.done() or granted.cancelled():  # not granted: hold one for the batch's bookkeeping
+                with contextlib.suppress(ValueError):
+                    self._slot_waiters.remove(granted)
+                self._hold_slot()
+            raise
+
+    def _grant_slots(self) -> None:
+        """Give the waiting episodes the slots the cap has room for (all of them once stopping: they return)."""
+        while self._slot_waiters and (self._in_flight < self._cap() or self._stopping):
+            granted = self._slot_waiters.popleft()
+            if not granted.done():
+                granted.set_result(None)
+                self._hold_slot()
 
     async def _deliver_group(self, group: PromptGroup) -> None:
         """Put a finished group into the queue atomically; it stays in ``_groups`` (and state_dict) until then."""
@@ -464,6 +533,7 @@ class ProductionLoop:
         self._tick_serving()
         if self._gate is not None:
             self._gate.set()  # parked samples see _stopping and return
+        self._grant_slots()  # ... and so do episodes waiting for a slot
         if self._space is not None:
             self._space.set()  # samples waiting for queue room give up (their group stays in state_dict)
             await asyncio.sleep(0)  # ... by themselves, before the tasks are cancelled
@@ -508,7 +578,7 @@ class ProductionLoop:
     def _restore(self, state: Mapping[str, Any]) -> None:
         """Load what :meth:`_state_dict_async` returned (before the loop starts): unfinished groups go first."""
         for key, value in state["counters"].items():
-            if key != "in_flight":
+            if key not in ("in_flight", "episodes_in_tools"):  # live counts, not checkpointed state
                 setattr(self, key, int(value))
         self.param_version = int(state["param_version"])
         self._group_counter = int(state["group_counter"])
@@ -593,4 +663,5 @@ class ProductionLoop:
         self.message_queue.close(reason=f"{self.name} failed: {exc!r}", error=exc)
         if self._gate is not None:
             self._gate.set()
+        self._grant_slots()
         self._kick()

@@ -50,7 +50,8 @@ class Rollouter(ProductionLoop):
         n_samples_per_prompt: Samples per prompt (GRPO group size).
         max_required_samples: Staleness budget per parameter version and in-flight ceiling (default: the queue's
             ``maxsize``).
-        concurrent_samples_per_replica: In-flight samples per active replica.
+        concurrent_samples_per_replica: In-flight samples per active replica (an episode in its tool/environment
+            turn holds no engine request and is not counted).
         partial_rollout: Continue aborted samples from their generated prefix (else restart them).
         clock: Time source for the utilization history and per-sample timings.
         max_segment_failures: Non-fatal generate errors tolerated per sample before the rollouter fails.
@@ -368,8 +369,14 @@ class Rollouter(ProductionLoop):
 
     @property
     def in_flight(self) -> int:
-        """Samples dispatched and not finished (parked ones included)."""
+        """Samples dispatched and not finished (parked ones included), less the episodes counted in
+        :attr:`episodes_in_tools`: the samples the in-flight cap bounds."""
         return self._in_flight
+
+    @property
+    def episodes_in_tools(self) -> int:
+        """Episodes in a tool/environment turn, or back from it and waiting for an in-flight slot (they hold none)."""
+        return self._in_tools
 
     @property
     def exhausted(self) -> bool:
