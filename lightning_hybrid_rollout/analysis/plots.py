@@ -46,8 +46,8 @@ LABELS: dict[str, str] = {
     "weight_sync": "weight sync",
     "switching": "switching",
     "waiting": "trainer waiting",
-    "tool": "tool / env call",
-    "tool_error": "tool / env error or timeout",
+    "tool": "tool/env call",
+    "tool_error": "tool/env error",
 }
 
 
@@ -167,9 +167,10 @@ def plot_timeline(
         ylabels.append(label)
         y += h
     if tool_h:  # concurrent calls overlap in this one lane: each is drawn, errors and timeouts on top
+        tick = (t1 - t0) / 500 if t1 > t0 else 1e-3  # a call of milliseconds in a window of minutes stays visible
         for a, b, s in tool_spans:
             failed = s.args.get("status", "ok") != "ok"
-            bar(a, max(b, a + 1e-6), y, tool_h * 0.92, "tool_error" if failed else "tool", 3 if failed else 2)
+            bar(a, max(b, a + tick), y, tool_h * 0.92, "tool_error" if failed else "tool", 3 if failed else 2)
         yticks.append(y + tool_h * 0.46)
         ylabels.append("tools / environment")
         y += tool_h
@@ -190,7 +191,7 @@ def plot_timeline(
         handles,
         [LABELS[k] for k in COLORS if k in used],
         loc="upper center",
-        ncol=5,
+        ncol=min(len(handles), 7) or 1,  # one row: a second one would cover the axis label
         fontsize=7,
         bbox_to_anchor=(0.5, -0.16 if fig_h < 4 else -0.09),
         frameon=False,
