@@ -6,7 +6,9 @@ Run as ``python _crash_run.py SPEC.json``. Spec keys: ``root`` (run dir), ``mode
 :class:`PausePoint`), ``expect`` (resumed run:
 the uids it must train; it stops at the end of the step where all of them and the first group admitted after the
 resume, ``g<group_counter>``, were trained), ``response_length``, ``n``, ``mini_batch``, ``trigger``,
-``staleness``, ``ratio``.
+``staleness``, ``ratio``; for multi-turn episodes ``environment`` (an import path), ``environment_kwargs``,
+``max_turns``, ``max_episode_tokens`` and ``max_model_len``: the crash run's pause point then also waits for a
+checkpoint holding an in-flight episode past its first turn that can continue and one that cannot.
 
 What it writes under ``root``:
 
@@ -14,10 +16,12 @@ What it writes under ``root``:
   versions, segments, replicas, reward), written before the step trains it;
 - ``sidecars/step<k>.json``: at each checkpoint, what the checkpoint holds (buffered samples, every unfinished group's
   samples with their prefixes, the prompt stream's position, the group counter, the policy and controller states)
-  and the uids trained so far;
+  and the uids trained so far; an episode's entry has its turns, whether its turn had ended, its environment's
+  saved state and whether the checkpoint can continue it (see ``EpisodeDriver.begin``);
 - ``armed.json`` (crash run): written at the pause point, the moment the test kills the trainer;
 - ``restored.json`` (resumed run): the policy and controller states at ``on_train_start``, after the restore;
-- ``report.json`` (a run that ends): the final step.
+- ``report.json`` (a run that ends): the final step;
+- ``metrics.csv``: the logged metrics (Lightning's ``CSVLogger``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
 
 from lightning_hybrid_rollout.config import AsyncTrainingConfig, RolloutConfig
 from lightning_hybrid_rollout.lightning.callback import HybridRolloutCallback
@@ -55,6 +60,31 @@ def _plain(value: Any) -> Any:
 def _prompt_index(metadata: dict[str, Any]) -> int | None:
     record = metadata.get(PROMPT_KEY) or {}
     return record.get("index")
+
+
+def _episode(summary: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A multi-turn sample's episode in short: its turns, environment calls, stop reason and messages."""
+    if summary is None:
+        return None
+    keys = ("turns", "tool_calls", "stop_reason", "messages")
+    return {k: summary.get(k) for k in keys}
+
+
+def _saved_episode(s: dict[str, Any]) -> dict[str, Any] | None:
+    """An in-flight sample's episode as the checkpoint holds it, and whether a resume can continue it at its turn
+    (the rules of ``EpisodeDriver._resume``: a whole saved state, its turn not ended, its environment's state)."""
+    summary = s.get("episode")
+    if summary is None:
+        return None
+    return {
+        **(_episode(summary) or {}),
+        "turn_ended": bool(summary.get("turn_ended")),
+        "env_state": summary.get("env_state"),
+        "continuable": summary.get("state") is not None
+        and not summary.get("turn_ended")
+        and s.get("prompt_ids") is not None
+        and ("env_state" not in summary or summary["env_state"] is not None),
+    }
 
 
 class Recorder(Callback):
@@ -92,6 +122,7 @@ class Recorder(Callback):
                     "num_segments": s.num_segments,
                     "replica_ids": list(s.replica_ids),
                     "reward": s.reward,
+                    "episode": _episode(s.metadata.get("episode")),
                 }
             )
         self.trained.extend(rows)
@@ -139,6 +170,7 @@ class Recorder(Callback):
                         "versions": s["versions"],
                         "replica_ids": s["replica_ids"],
                         "aborted_segments": s["aborted_segments"],
+                        "episode": _saved_episode(s),
                         "result": None
                         if result is None
                         else {
@@ -189,16 +221,20 @@ class Recorder(Callback):
 class PausePoint(Callback):
     """The crash run's kill point: a cycle start (before the deactivate path) with the hybrid replicas awake and
     requests in flight, after a checkpoint (of step ``min_step`` or later) holding buffered samples and in-flight
-    samples with prefixes.
+    samples with prefixes (with ``episodes``: and in-flight episodes past their first turn, one the checkpoint can
+    continue at its turn and one it cannot).
 
     Writes ``armed.json`` and waits there for the test's SIGKILL (the rollouter keeps generating meanwhile); listed
     before HybridRolloutCallback, so the hybrid replicas are still awake."""
 
-    def __init__(self, cb: HybridRolloutCallback, recorder: Recorder, root: Path, min_step: int) -> None:
+    def __init__(
+        self, cb: HybridRolloutCallback, recorder: Recorder, root: Path, min_step: int, episodes: bool = False
+    ) -> None:
         self.cb = cb
         self.min_step = min_step
         self.recorder = recorder
         self.root = root
+        self.episodes = episodes
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         saved = self.recorder.saved_steps
@@ -209,6 +245,11 @@ class PausePoint(Callback):
         sidecar = json.loads((self.root / "sidecars" / f"step{last}.json").read_text())
         if not sidecar["buffered"] or not any(p["tokens"] and p["result"] is None for p in sidecar["pending"]):
             return  # the last checkpoint holds no buffered sample or no in-flight one with a prefix: wait for the next
+        if self.episodes:
+            in_flight = [p["episode"] for p in sidecar["pending"] if p["result"] is None and p["episode"]]
+            mid = [e for e in in_flight if e["turns"]]
+            if not any(e["continuable"] for e in mid) or all(e["continuable"] for e in mid):
+                return  # no episode past its first turn that continues, or none that restarts: wait for the next
         rollouter = self.cb.runtime.rollouter
         if rollouter.in_flight == 0:
             return
@@ -256,6 +297,7 @@ def main(spec_path: str) -> None:
             prompt_length=16,
             concurrent_samples_per_replica=32,
             kv_cache_memory_bytes=32 * 2**20,
+            max_model_len=spec.get("max_model_len"),
         ),
         async_training=AsyncTrainingConfig(
             dynamic_schedule_policy="default",
@@ -266,13 +308,17 @@ def main(spec_path: str) -> None:
             wait_timeout_s=120,  # a resume that lost samples stalls the trainer: fail, do not hang
         ),
         task="arithmetic",
+        environment=spec.get("environment"),
+        environment_kwargs=spec.get("environment_kwargs"),
+        max_turns=spec.get("max_turns", 8),
+        max_episode_tokens=spec.get("max_episode_tokens", 4096),
         build_model=True,
         run_dir=str(root),
     )
     recorder = Recorder(hybrid_cb, root, spec.get("expect"), spec.get("group_counter", 0))
     callbacks: list[Any] = [hybrid_cb, recorder]
     if spec.get("arm"):
-        callbacks.insert(0, PausePoint(hybrid_cb, recorder, root, int(spec["arm"])))
+        callbacks.insert(0, PausePoint(hybrid_cb, recorder, root, int(spec["arm"]), bool(spec.get("environment"))))
     if spec.get("save_every"):
         callbacks.append(
             ModelCheckpoint(
@@ -284,7 +330,7 @@ def main(spec_path: str) -> None:
         devices=1,
         strategy="hybrid_single_device",
         max_steps=spec["max_steps"],
-        logger=False,
+        logger=CSVLogger(save_dir=str(root), name="", version=""),
         callbacks=callbacks,
         limit_val_batches=0,
         enable_progress_bar=False,

@@ -15,6 +15,8 @@ The test checks:
   nothing was skipped or drawn twice), and the prompts drawn after the resume continue from the saved position;
 - the policy's adaptive state and the controller's state after the restore equal the checkpoint's;
 - once run 2 has ended, no process of run 1 and no ``/dev/shm`` staging directory of either run is left.
+
+:func:`crash_and_resume` and :func:`assert_nothing_left` are shared with ``test_crash_resume_agentic.py``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -107,13 +110,37 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("crash_model") / "tiny", hidden=128, layers=2, seed=0)
 
 
-def test_a_trainer_killed_mid_cycle_resumes_from_its_checkpoint_and_trains_each_sample_once(
-    model_dir: Path, tmp_path: Path
-) -> None:
+@dataclass
+class CrashResume:
+    """What :func:`crash_and_resume` leaves for the checks."""
+
+    run1: Path
+    run2: Path
+    armed: dict[str, Any]
+    ck: int  # the checkpoint's step (the last one of run 1)
+    side: dict[str, Any]  # its sidecar
+    buffered: dict[str, dict[str, Any]]  # by uid, as the checkpoint holds them
+    pending: dict[str, dict[str, Any]]
+    expect: list[str]  # every uid the checkpoint holds
+    trained2: list[dict[str, Any]]  # run 2's trained samples
+    by_uid: dict[str, dict[str, Any]]
+    tree1: Any
+    run_id1: str
+    run_id2: str
+    wall_s: float
+
+
+def crash_and_resume(tmp_path: Path, model_dir: Path, **settings: Any) -> CrashResume:
+    """Run 1 until its pause point, SIGKILL it, resume run 2 from its last checkpoint until every sample that
+    checkpoint holds was trained; checks that each of those was trained exactly once in run 2.
+
+    Args:
+        settings: Spec keys of ``_crash_run.py`` for both runs, over :data:`SETTINGS`.
+    """
     t0 = time.monotonic()
     # ------------------------------------------------------------------ run 1: train, checkpoint, SIGKILL mid-cycle
     run1 = tmp_path / "run1"
-    proc = _start(run1, model_dir, max_steps=200, save_every=2, arm=4)
+    proc = _start(run1, model_dir, **settings, max_steps=200, save_every=2, arm=4)
     try:
         run_id1 = _run_id_of(proc, run1)
         deadline = time.monotonic() + 400
@@ -148,7 +175,13 @@ def test_a_trainer_killed_mid_cycle_resumes_from_its_checkpoint_and_trains_each_
     run2 = tmp_path / "run2"
     expect = sorted(buffered) + sorted(pending)
     proc = _start(
-        run2, model_dir, max_steps=ck + 12, ckpt_path=str(ckpt), expect=expect, group_counter=side["group_counter"]
+        run2,
+        model_dir,
+        **settings,
+        max_steps=ck + 12,
+        ckpt_path=str(ckpt),
+        expect=expect,
+        group_counter=side["group_counter"],
     )
     try:
         run_id2 = _run_id_of(proc, run2)
@@ -166,6 +199,29 @@ def test_a_trainer_killed_mid_cycle_resumes_from_its_checkpoint_and_trains_each_
     by_uid = {r["uid"]: r for r in trained2}
     missing = set(expect) - set(by_uid)
     assert not missing, f"saved samples never trained after the resume: {sorted(missing)}"
+    trained_before = [r["uid"] for r in side["trained"]]
+    assert not set(trained_before) & set(uids2), "a sample trained before the checkpoint was trained again"
+    return CrashResume(
+        run1, run2, armed, ck, side, buffered, pending, expect, trained2, by_uid, tree1, run_id1, run_id2, wall_s
+    )
+
+
+def assert_nothing_left(cr: CrashResume) -> None:
+    """Once run 2 has ended, no process of run 1 and no staging or run directory of either run is left."""
+    left = _wait_gone(cr.tree1, within=10)
+    assert not left, f"processes of the killed run still alive after run 2 ended: {left}"
+    assert not _staging(cr.run_id1).exists() and not _staging(cr.run_id2).exists()
+    assert not (run_guard.runs_root() / f"r-{cr.run_id1}").exists()
+
+
+def test_a_trainer_killed_mid_cycle_resumes_from_its_checkpoint_and_trains_each_sample_once(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    cr = crash_and_resume(tmp_path, model_dir)
+    run1, run2, armed, ck, side = cr.run1, cr.run2, cr.armed, cr.ck, cr.side
+    buffered, pending, expect, trained2, by_uid = cr.buffered, cr.pending, cr.expect, cr.trained2, cr.by_uid
+    in_flight = {u: s for u, s in pending.items() if s["result"] is None}
+    with_prefix = {u: s for u, s in in_flight.items() if s["tokens"]}
     for uid, s in buffered.items():  # trained exactly as buffered
         r = by_uid[uid]
         assert (r["tokens"], r["logprobs"], r["reward"]) == (s["tokens"], s["logprobs"], s["reward"]), uid
@@ -214,10 +270,7 @@ def test_a_trainer_killed_mid_cycle_resumes_from_its_checkpoint_and_trains_each_
     assert restored["controller"] == side["controller"]
 
     # ------------------------------------------------------------------ nothing of either run is left
-    left = _wait_gone(tree1, within=10)
-    assert not left, f"processes of the killed run still alive after run 2 ended: {left}"
-    assert not _staging(run_id1).exists() and not _staging(run_id2).exists()
-    assert not (run_guard.runs_root() / f"r-{run_id1}").exists()
+    assert_nothing_left(cr)
 
     numbers = {
         "checkpoint_step": ck,
@@ -231,7 +284,7 @@ def test_a_trainer_killed_mid_cycle_resumes_from_its_checkpoint_and_trains_each_
         "resumed_steps": max(r["step"] for r in trained2) - ck,
         "prompt_position": position,
         "killed_at": armed,
-        "wall_s": round(wall_s, 1),
+        "wall_s": round(cr.wall_s, 1),
     }
     (tmp_path / "numbers.json").write_text(json.dumps(numbers))
     print(f"crash-resume: {json.dumps(numbers)}")
