@@ -198,8 +198,9 @@ class EpisodeDriver:
 
         An episode restored from a checkpoint continues at its current turn when its saved state is whole: the
         episode's turns, and its environment's ``state_dict()`` (loaded into a new instance with
-        ``load_state_dict``) when it has an environment. Otherwise (an environment without ``state_dict``, or a
-        checkpoint taken while its tool ran) it restarts from its prompt, counted in ``rollout/episodes_restarted``.
+        ``load_state_dict``) when it has an environment. Otherwise (an environment without ``state_dict``, one whose
+        ``state_dict`` or ``load_state_dict`` raised, or a checkpoint taken while its tool ran) it restarts from its
+        prompt, counted in ``rollout/episodes_restarted``.
         """
         if st.uid in self._live:
             return
@@ -325,20 +326,29 @@ class EpisodeDriver:
         state = saved.get("state")
         if state is None or saved.get("turn_ended") or st.prompt_ids is None:
             return False
+        episode = Episode.from_state_dict(state, self.tokenizer)
+        if episode.prompt_token_ids != st.prompt_ids or episode.response_token_ids != st.tokens[: st.turn_start]:
+            return False  # the saved turns are not the saved tokens: nothing to continue from
         env = None
         if self.factory is not None:
             if saved.get("env_state") is None:
                 return False
             env = await self._offload(self.factory.make)
             load = getattr(env.env, "load_state_dict", None)
-            if not callable(load):
+            try:
+                if not callable(load):
+                    raise TypeError("the environment has no load_state_dict()")
+                await self._offload(load, saved["env_state"])
+            except Exception as err:  # like a failed state_dict(): the episode restarts, counted; the run goes on
+                logger.warning(
+                    "episode %s: the environment cannot load its saved state (%s); it restarts from its prompt",
+                    st.uid,
+                    _describe(err, self),
+                )
+                await self._close_quietly(st, env)
                 return False
-            await self._offload(load, saved["env_state"])
             if isinstance(env, GymEnvironment) and saved.get("env_reward_so_far") is not None:
                 env.total_reward = float(saved["env_reward_so_far"])
-        episode = Episode.from_state_dict(state, self.tokenizer)
-        if episode.prompt_token_ids != st.prompt_ids or episode.response_token_ids != st.tokens[: st.turn_start]:
-            return False  # the saved turns are not the saved tokens: nothing to continue from
         tools = [*self.tools, *(env.tools if env is not None else [])]
         runner = ToolRunner(tools, timeout_s=self.config.tool_timeout_s, pool=self._pool)
         self._live[st.uid] = _Live(
@@ -407,10 +417,7 @@ class EpisodeDriver:
             except Exception as err:  # the environment's fault: counted, the episode keeps no reward of its own
                 live.tool_errors += 1
                 logger.warning("episode %s: the environment's reward failed: %s", st.uid, _describe(err, self))
-            try:
-                await self._offload(live.env.close)
-            except Exception as err:
-                logger.warning("episode %s: the environment's close() failed: %s", st.uid, _describe(err, self))
+            await self._close_quietly(st, live.env)
         st.episode = self._summary(live)
         st.episode["env_reward"] = env_reward
         model = sum(st.loss_mask or [])
@@ -426,6 +433,13 @@ class EpisodeDriver:
             w.model_tokens += model
             w.response_tokens += len(st.tokens)
         return live.last_reason
+
+    async def _close_quietly(self, st: Any, env: EpisodeEnvironment) -> None:
+        """Close an episode's environment; a failing ``close()`` is logged, the run goes on."""
+        try:
+            await self._offload(env.close)
+        except Exception as err:
+            logger.warning("episode %s: the environment's close() failed: %s", st.uid, _describe(err, self))
 
     def _summary(self, live: _Live) -> dict[str, Any]:
         episode = live.episode

@@ -283,6 +283,18 @@ class ForgetfulLedger(Ledger):
     state_dict = None  # type: ignore[assignment]
 
 
+class UnloadableLedger(Ledger):
+    """Saves its state, but cannot load it back (a corrupt or incompatible saved state)."""
+
+    closed: ClassVar[int] = 0
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        raise ValueError("saved by another version")
+
+    def close(self) -> None:
+        UnloadableLedger.closed += 1
+
+
 def _checkpoint_mid_episode(tok: Any, config: dict[str, Any]) -> tuple[list[Any], EpisodeDriver, int]:
     """Run 2 episodes until both made a tool call, checkpoint, resume in a new rollouter to the end; the samples,
     the second driver and the tool calls made before the checkpoint."""
@@ -343,6 +355,19 @@ def test_an_episode_whose_environment_cannot_be_saved_restarts_from_its_prompt_c
     for sample in samples:  # restarted whole: three turns from the prompt, nothing of the first run's left
         assert sample.metadata["episode"]["turns"] == 3
         assert [m for m, _ in _runs(sample.loss_mask)] == [1, 0, 1, 0, 1]
+
+
+def test_an_episode_whose_environment_cannot_load_its_state_restarts_counted_the_run_goes_on(
+    smollm2_tokenizer, caplog: pytest.LogCaptureFixture
+) -> None:
+    UnloadableLedger.closed = 0
+    env = f"{__name__}:UnloadableLedger"
+    samples, driver, before = _checkpoint_mid_episode(smollm2_tokenizer, {"environment": env})
+    assert driver.episodes_restarted == 2 and driver.take_window().metrics()["rollout/episodes_restarted"] == 2
+    assert len(CALLS) == before + 4  # the restarted episodes' own calls, all of them
+    assert all(s.metadata["episode"]["turns"] == 3 for s in samples)
+    assert UnloadableLedger.closed == 2 + 2  # the unusable restored instances, then the episodes' own at their end
+    assert "cannot load its saved state (ValueError: saved by another version)" in caplog.text
 
 
 def _runs(mask: list[int]) -> list[tuple[int, int]]:
