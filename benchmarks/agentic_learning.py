@@ -1,5 +1,5 @@
 """Does a real model learn a multi-turn task here? SmolLM2-135M-Instruct, GRPO on "guess the number" episodes
-(``examples/smollm2_agentic_cpu.yaml``: 1 to 8, at most 3 guesses, the environment answers "Higher."/"Lower.").
+(``examples/smollm2_agentic_cpu.yaml``: 1 to 8, at most 3 guesses, after a wrong guess: higher or lower than it).
 
 Prepares the model (``lhr prepare-model``) under ``--root`` if it is missing, measures the untrained model's mean
 reward on ``--episodes`` held-out episodes (greedy; their secrets fixed by a seed the training never draws), trains for
