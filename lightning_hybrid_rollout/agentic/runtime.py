@@ -65,7 +65,7 @@ class AgenticConfig:
     """The most tokens of one episode's trained sequence, prompt included."""
     tool_timeout_s: float = 30.0
     """The most seconds one tool call or environment call may take (past it the model reads an error)."""
-    tool_workers: int = 4
+    tool_workers: int = 16
     """Threads running sync tools and environment calls, shared by every episode of the run."""
     log_rollouts: int = 0
     """Finished samples written per cycle to ``<run dir>/rollouts/cycle_<k>.jsonl`` (0: none)."""

@@ -119,6 +119,8 @@ class HybridRolloutCallback(Callback):
         max_episode_tokens: The most tokens of one episode's trained sequence, prompt included.
         tool_timeout_s: The most seconds one tool call or environment call may take; past it the model reads an
             error and the call is counted in ``rollout/tool_errors``.
+        tool_workers: Threads running sync tools and environment calls, shared by every episode of the run (async
+            tools need none); a slow sync tool waits for a free one, so size it to the tool calls in flight at once.
         log_rollouts: Write the first N samples trained on each cycle to ``<run dir>/rollouts/cycle_<k>.jsonl``
             (messages, token ids, loss mask, log-probs, weight versions, reward); 0: none.
         build_model: If ``rollout.model_path`` holds no model yet, build a tiny local one there (CPU quickstart):
@@ -154,6 +156,7 @@ class HybridRolloutCallback(Callback):
         max_turns: int = 8,
         max_episode_tokens: int = 4096,
         tool_timeout_s: float = 30.0,
+        tool_workers: int = 16,
         log_rollouts: int = 0,
         build_model: bool | TinyModelConfig = False,
         summary_every_n_cycles: int = 10,
@@ -188,6 +191,7 @@ class HybridRolloutCallback(Callback):
             max_turns=max_turns,
             max_episode_tokens=max_episode_tokens,
             tool_timeout_s=tool_timeout_s,
+            tool_workers=tool_workers,
             log_rollouts=log_rollouts,
         )
         self._rollout_log: RolloutLog | None = None

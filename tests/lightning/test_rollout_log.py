@@ -57,9 +57,16 @@ def test_the_callback_takes_the_multi_turn_keys_and_refuses_bad_ones_at_once() -
     from lightning_hybrid_rollout.config import RolloutConfig
 
     cb = HybridRolloutCallback(
-        RolloutConfig(model_path="m"), environment="env.py:Env", environment_kwargs={"k": 1}, max_turns=3
+        RolloutConfig(model_path="m"),
+        environment="env.py:Env",
+        environment_kwargs={"k": 1},
+        max_turns=3,
+        tool_workers=32,
     )
     assert cb.agentic.enabled and cb.agentic.max_turns == 3 and cb.agentic.environment_kwargs == {"k": 1}
+    assert cb.agentic.tool_workers == 32
+    with pytest.raises(ConfigError, match="tool_workers must be an integer >= 1"):
+        HybridRolloutCallback(RolloutConfig(model_path="m"), tools=["t.py:f"], tool_workers=0)
     with pytest.raises(ConfigError, match="log_rollouts must be an integer >= 0"):
         HybridRolloutCallback(RolloutConfig(model_path="m"), tools=["t.py:f"], log_rollouts=-1)
     with pytest.raises(ConfigError, match="environment_kwargs is set but environment is not"):
