@@ -4,7 +4,8 @@
 Prepares the model (``lhr prepare-model``) under ``--root`` if it is missing, measures the untrained model's mean
 reward on ``--episodes`` held-out episodes (greedy; their secrets fixed by a seed the training never draws), trains for
 at most ``--minutes`` of wall time (or ``--max-steps``), exports the last checkpoint as a model directory, measures it
-on the same episodes, and prints both with turns per episode. Not a CI test.
+on the same episodes, and prints both with turns per episode; ``ROOT/reward_curve.png`` draws the training reward per
+step with both. Not a CI test.
 
 The LAST line is ``val reward gain: +X.XXX`` (after - before, absolute).
 
@@ -138,6 +139,12 @@ def main() -> None:
     fit_minutes = (time.monotonic() - t0) / 60
     after = evaluate(export_last(root, model_dir), cb, args.episodes, root / "eval_after")
     print(f"after ({fit_minutes:.1f} min of fit): reward {after['reward']:.3f}, turns/episode {after['turns']:.2f}")
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from smollm2_learning import plot_reward_curve
+
+    what = "multi-turn GRPO (guess the number)"
+    png = plot_reward_curve(root, before["reward"], after["reward"], fit_minutes, root / "reward_curve.png", what)
+    print(f"reward curve: {png}")
     print(f"val reward gain: {after['reward'] - before['reward']:+.3f}")
 
 
