@@ -11,7 +11,7 @@ The LAST line is ``val reward gain: +X.XXX`` (after - before, absolute).
 
 Usage::
 
-    python benchmarks/agentic_learning.py [--root runs/smollm2_agentic --minutes 15 --max-steps 60 --episodes 64]
+    python benchmarks/agentic_learning.py [--root runs/smollm2_agentic --minutes 28 --max-steps 120 --episodes 64]
 """
 
 from __future__ import annotations
@@ -120,8 +120,8 @@ def export_last(root: Path, model_dir: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, default=REPO / "runs" / "smollm2_agentic")
-    parser.add_argument("--minutes", type=int, default=15, help="wall-time limit of the fit")
-    parser.add_argument("--max-steps", type=int, default=60)
+    parser.add_argument("--minutes", type=int, default=28, help="wall-time limit of the fit")
+    parser.add_argument("--max-steps", type=int, default=120)
     parser.add_argument("--episodes", type=int, default=64, help="held-out episodes measured before and after")
     args = parser.parse_args()
     root: Path = args.root.resolve()
