@@ -43,7 +43,6 @@ ARMS = {
     "lora": REPO / "examples" / "smollm2_lora_cpu.yaml",
 }
 """Each arm's example config (the same task, model and data; the fine-tune differs)."""
-CONFIG = ARMS["full"]
 
 
 def write_config(root: Path, max_steps: int, minutes: int, arm: str = "full") -> Path:

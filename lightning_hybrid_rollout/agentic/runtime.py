@@ -224,13 +224,11 @@ class EpisodeDriver:
                 t0 = time.monotonic()
                 reset_text = await self._offload(env.reset, row, st.seed)
                 self._span("env.reset", "environment", t0, st.uid, 0)
-            except AgentEnvironmentError as err:
-                if t0 is not None:
-                    self._span("env.reset", "environment", t0, st.uid, 0, err)
-                raise
             except Exception as err:  # without a reset there is no episode: the run stops, one line
                 if t0 is not None:
                     self._span("env.reset", "environment", t0, st.uid, 0, err)
+                if isinstance(err, AgentEnvironmentError):
+                    raise
                 raise AgentEnvironmentError(
                     f"environment {self.factory.spec!r}: reset() failed for episode {st.uid}: "
                     f"{_describe(err, self)}; fix the environment"
