@@ -37,7 +37,10 @@ from lightning_hybrid_rollout.agentic.tools import (
 )
 from lightning_hybrid_rollout.errors import AgentEnvironmentError, ConfigError
 
-__all__ = ["AgenticConfig", "EpisodeDriver", "EpisodeWindow", "SpanRecorder"]
+__all__ = ["DEFAULT_MAX_EPISODE_TOKENS", "AgenticConfig", "EpisodeDriver", "EpisodeWindow", "SpanRecorder"]
+
+#: An episode's token budget when neither ``max_episode_tokens`` nor ``rollout.max_model_len`` is set.
+DEFAULT_MAX_EPISODE_TOKENS = 4096
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +64,10 @@ class AgenticConfig:
     """The tool-call parser's registered name (``register_tool_parser``)."""
     max_turns: int = 8
     """The most model turns of one episode."""
-    max_episode_tokens: int = 4096
-    """The most tokens of one episode's trained sequence, prompt included."""
+    max_episode_tokens: int | None = None
+    """The most tokens of one episode's trained sequence, prompt included. ``None``: the engines'
+    ``rollout.max_model_len`` (or, with that left out too, ``DEFAULT_MAX_EPISODE_TOKENS``, which the engines then
+    take as theirs); see ``fit_episode_budget``."""
     tool_timeout_s: float = 30.0
     """The most seconds one tool call or environment call may take (past it the model reads an error)."""
     tool_workers: int = 16
@@ -76,6 +81,8 @@ class AgenticConfig:
         problems = []
         for key in ("max_turns", "max_episode_tokens", "tool_workers"):
             value = getattr(self, key)
+            if key == "max_episode_tokens" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 problems.append(f"{key} must be an integer >= 1, got {value!r}")
         if isinstance(self.log_rollouts, bool) or not isinstance(self.log_rollouts, int) or self.log_rollouts < 0:
@@ -180,7 +187,8 @@ class EpisodeDriver:
             load_environment(config.environment, config.environment_kwargs) if config.environment else None
         )
         self.parser = create_tool_parser(config.tool_parser)
-        self.budget = EpisodeBudget(config.max_turns, config.max_episode_tokens)
+        episode_tokens = DEFAULT_MAX_EPISODE_TOKENS if config.max_episode_tokens is None else config.max_episode_tokens
+        self.budget = EpisodeBudget(config.max_turns, episode_tokens)
         self._pool = ThreadPoolExecutor(max_workers=config.tool_workers, thread_name_prefix="lhr-env")
         self._live: dict[str, _Live] = {}
         self._renders_tools: dict[tuple[str, ...], bool] = {}

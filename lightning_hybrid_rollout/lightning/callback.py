@@ -36,7 +36,12 @@ from lightning_hybrid_rollout.lightning.placement import rank_node_ips
 from lightning_hybrid_rollout.lightning.recent import RecentList
 from lightning_hybrid_rollout.lightning.rollout_log import RolloutLog
 from lightning_hybrid_rollout.lightning.trainer_side import StepTimes, TrainerSide
-from lightning_hybrid_rollout.lightning.workload import Workload, attach_batch_source, load_workload
+from lightning_hybrid_rollout.lightning.workload import (
+    Workload,
+    attach_batch_source,
+    fit_episode_budget,
+    load_workload,
+)
 from lightning_hybrid_rollout.models.model_path import take_model_path
 from lightning_hybrid_rollout.models.run_model import ensure_run_model
 from lightning_hybrid_rollout.redaction import redact_logger_hyperparams
@@ -116,7 +121,8 @@ class HybridRolloutCallback(Callback):
         environment_kwargs: Keyword arguments of the environment's constructor (or factory).
         tool_parser: The registered tool-call parser reading the model's calls (``"hermes"``).
         max_turns: The most model turns of one episode.
-        max_episode_tokens: The most tokens of one episode's trained sequence, prompt included.
+        max_episode_tokens: The most tokens of one episode's trained sequence, prompt included. Left out: the
+            engines' ``rollout.max_model_len`` (or 4096, which the engines then take, when that is left out too).
         tool_timeout_s: The most seconds one tool call or environment call may take; past it the model reads an
             error and the call is counted in ``rollout/tool_errors``.
         tool_workers: Threads running sync tools and environment calls, shared by every episode of the run (async
@@ -154,7 +160,7 @@ class HybridRolloutCallback(Callback):
         environment_kwargs: dict[str, Any] | None = None,
         tool_parser: str = "hermes",
         max_turns: int = 8,
-        max_episode_tokens: int = 4096,
+        max_episode_tokens: int | None = None,
         tool_timeout_s: float = 30.0,
         tool_workers: int = 16,
         log_rollouts: int = 0,
@@ -348,6 +354,8 @@ class HybridRolloutCallback(Callback):
                     check_adapter_sync(lora_config, self.rollout.tensor_parallel_size)
                     self._trainer_side.adapter_only = True
                     self._engine_lora = engine_lora_config(lora_config)
+        # an episode's budget and the engines' context: the one left out is derived from the other
+        self.agentic, self.rollout = fit_episode_budget(self.agentic, self.rollout)
         # the data set, the prompts' lengths and the reward functions are checked before Ray starts (every rank:
         # each one answers its share of the held-out prompts)
         self._workload = load_workload(

@@ -8,13 +8,14 @@ docs/workloads.md.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lightning_hybrid_rollout.agentic.runtime import AgenticConfig, EpisodeDriver
+from lightning_hybrid_rollout.agentic.runtime import DEFAULT_MAX_EPISODE_TOKENS, AgenticConfig, EpisodeDriver
 from lightning_hybrid_rollout.config import RolloutConfig
 from lightning_hybrid_rollout.errors import ConfigError
 from lightning_hybrid_rollout.rewards import GroupRewardInput, RewardConfig, RewardFunction, RewardRunner
@@ -334,16 +335,7 @@ def build_workload(
     group_filter = load_group_filter(rollout.filter_groups)
     episodes = None
     if agentic is not None and agentic.enabled:
-        if agentic.max_episode_tokens <= rollout.prompt_length:
-            raise ConfigError(
-                f"max_episode_tokens ({agentic.max_episode_tokens}) must exceed rollout.prompt_length "
-                f"({rollout.prompt_length}): an episode's prompt is part of its budget"
-            )
-        if agentic.max_episode_tokens > rollout.engine_max_model_len():
-            raise ConfigError(
-                f"max_episode_tokens ({agentic.max_episode_tokens}) exceeds the engines' max_model_len "
-                f"({rollout.engine_max_model_len()}): set rollout.max_model_len to at least max_episode_tokens"
-            )
+        agentic, rollout = fit_episode_budget(agentic, rollout)
         episodes = EpisodeDriver(
             agentic,
             tokenizer,
@@ -372,6 +364,42 @@ def build_workload(
         group_filter=group_filter,
         episodes=episodes,
     )
+
+
+def fit_episode_budget(agentic: AgenticConfig, rollout: RolloutConfig) -> tuple[AgenticConfig, RolloutConfig]:
+    """The episode budget and the engines' context made to fit each other, the one left out derived from the other.
+
+    ``max_episode_tokens`` left out takes the engines' ``rollout.max_model_len``; ``rollout.max_model_len`` left
+    out takes ``max_episode_tokens`` (so an engine holds a whole episode); both left out: both
+    ``DEFAULT_MAX_EPISODE_TOKENS``. The log says what was chosen. Single-turn runs are returned unchanged.
+
+    Raises:
+        ConfigError: Both set and the episode longer than the engines' context, or an episode budget not above
+            ``rollout.prompt_length``: one line each.
+    """
+    if not agentic.enabled:
+        return agentic, rollout
+    episode = agentic.max_episode_tokens
+    if episode is None:
+        episode = rollout.max_model_len if rollout.max_model_len is not None else DEFAULT_MAX_EPISODE_TOKENS
+        agentic = dataclasses.replace(agentic, max_episode_tokens=episode)
+        source = "rollout.max_model_len" if rollout.max_model_len is not None else "the default"
+        log.info("max_episode_tokens left out: %d (%s)", episode, source)
+    if rollout.max_model_len is None:
+        engines = max(episode, rollout.engine_max_model_len())
+        rollout = dataclasses.replace(rollout, max_model_len=engines)
+        log.info("rollout.max_model_len left out: %d (an engine holds a whole episode of max_episode_tokens)", engines)
+    if episode <= rollout.prompt_length:
+        raise ConfigError(
+            f"max_episode_tokens ({episode}) must exceed rollout.prompt_length ({rollout.prompt_length}): an "
+            "episode's prompt is part of its budget; raise max_episode_tokens or lower rollout.prompt_length"
+        )
+    if episode > rollout.engine_max_model_len():
+        raise ConfigError(
+            f"max_episode_tokens ({episode}) exceeds the engines' max_model_len ({rollout.engine_max_model_len()}): "
+            "set rollout.max_model_len to at least max_episode_tokens, or leave one of the two out"
+        )
+    return agentic, rollout
 
 
 def load_workload(

@@ -163,3 +163,51 @@ def test_bad_agentic_input_is_one_line_before_anything_starts(tiny_model_dir: Pa
     with pytest.raises(Exception, match=re.escape(fragment)) as err:
         _agentic_workload(tiny_model_dir, AgenticConfig(**{"max_episode_tokens": 200, **agentic}))
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("episode", "engines", "want"),
+    [
+        (None, 552, (552, 552)),  # the engines' context is the episode's budget
+        (1024, None, (1024, 1024)),  # the engines take the episode's budget
+        (None, None, (4096, 4096)),  # both left out: the default for both
+        (200, 256, (200, 256)),  # both set and fitting: unchanged
+    ],
+)
+def test_an_episode_budget_left_out_is_derived_from_the_engines_context_and_the_reverse(
+    episode: int | None, engines: int | None, want: tuple[int, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    from lightning_hybrid_rollout.agentic.runtime import AgenticConfig
+    from lightning_hybrid_rollout.config import RolloutConfig
+    from lightning_hybrid_rollout.lightning.workload import fit_episode_budget
+
+    rollout = RolloutConfig(model_path="m", prompt_length=96, response_length=32, max_model_len=engines)
+    with caplog.at_level("INFO", logger="lightning_hybrid_rollout.lightning.workload"):
+        agentic, fitted = fit_episode_budget(AgenticConfig(environment="e.py:E", max_episode_tokens=episode), rollout)
+    assert (agentic.max_episode_tokens, fitted.engine_max_model_len()) == want
+    derived = [name for name, given in (("max_episode_tokens", episode), ("rollout.max_model_len", engines)) if not given]
+    assert all(any(f"{name} left out: " in r.getMessage() for r in caplog.records) for name in derived)
+
+
+def test_a_single_turn_run_keeps_the_engines_context() -> None:
+    from lightning_hybrid_rollout.agentic.runtime import AgenticConfig
+    from lightning_hybrid_rollout.config import RolloutConfig
+    from lightning_hybrid_rollout.lightning.workload import fit_episode_budget
+
+    rollout = RolloutConfig(model_path="m", prompt_length=96, response_length=32)
+    assert fit_episode_budget(AgenticConfig(), rollout) == (AgenticConfig(), rollout)
+
+
+def test_an_environment_added_to_the_smollm2_example_fits_its_engines_without_another_key() -> None:
+    import yaml
+
+    from lightning_hybrid_rollout.agentic.runtime import AgenticConfig
+    from lightning_hybrid_rollout.config import RolloutConfig
+    from lightning_hybrid_rollout.lightning.workload import fit_episode_budget
+
+    config = yaml.safe_load(Path("examples/smollm2_cpu.yaml").read_text())
+    init = next(c for c in config["trainer"]["callbacks"] if c["class_path"].endswith("HybridRolloutCallback"))
+    rollout = RolloutConfig(**init["init_args"]["rollout"])
+    agentic = AgenticConfig(environment="examples/agentic/guess_env.py:GuessNumber", max_turns=4)  # nothing else
+    agentic, fitted = fit_episode_budget(agentic, rollout)
+    assert agentic.max_episode_tokens == fitted.engine_max_model_len() == rollout.max_model_len
