@@ -356,6 +356,9 @@ class HybridRolloutCallback(Callback):
                     self._engine_lora = engine_lora_config(lora_config)
         # an episode's budget and the engines' context: the one left out is derived from the other
         self.agentic, self.rollout = fit_episode_budget(self.agentic, self.rollout)
+        fit_length = getattr(pl_module, "fit_sequence_length", None)
+        if callable(fit_length):  # the module's token budget must hold the longest sequence (GRPOModule)
+            fit_length(self.rollout.engine_max_model_len())
         # the data set, the prompts' lengths and the reward functions are checked before Ray starts (every rank:
         # each one answers its share of the held-out prompts)
         self._workload = load_workload(

@@ -18,8 +18,16 @@ from lightning.pytorch.utilities import rank_zero_deprecation, rank_zero_info, r
 from torch import Tensor, nn
 from typing_extensions import override
 
+from lightning_hybrid_rollout.errors import ConfigError
+from lightning_hybrid_rollout.lightning.chunked_head import has_output_head, scored_head
 from lightning_hybrid_rollout.lightning.data import RolloutBatch, next_rollout_batch
 from lightning_hybrid_rollout.lightning.lora import inject_lora, is_lora_model, lora_config_from
+from lightning_hybrid_rollout.lightning.micro_batches import (
+    default_tokens_per_forward,
+    even_out,
+    plan_micro_batches,
+    same_count_on_every_rank,
+)
 from lightning_hybrid_rollout.lightning.off_policy import (
     OffPolicyCorrection,
     importance_weight_sums,
@@ -115,6 +123,15 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     return torch.exp(d) - d - 1.0
 
 
+def _add_sums(totals: dict[str, Tensor], sums: dict[str, Tensor], first_epoch: bool) -> None:
+    """A micro-batch's token sums added to the step's (``max`` for the ``_MAX_SUMS``; the pre-update ones from the
+    first PPO epoch only)."""
+    for k, v in sums.items():
+        if k in _PRE_UPDATE_SUMS and not first_epoch:
+            continue  # the trainer's policy before the step's update: the first epoch's
+        totals[k] = torch.maximum(totals[k], v) if k in _MAX_SUMS and k in totals else totals.get(k, 0) + v
+
+
 def _takes_logits_to_keep(model: nn.Module) -> bool:
     """Whether ``model.forward`` accepts Hugging Face's ``logits_to_keep`` (every causal LM of transformers >= 4.50)."""
     return "logits_to_keep" in inspect.signature(model.forward).parameters
@@ -146,7 +163,14 @@ class GRPOModule(LightningModule):
             cap=truncated_is_cap)``.
         kl_coef: Weight of the k3 KL estimate against the rollout log-probs in the loss (0: only logged).
         ppo_epochs: Optimizer passes over each batch (> 1 switches to manual optimisation).
-        micro_batch_size: Rows per forward/backward (gradient accumulation; switches to manual optimisation).
+        micro_batch_size: Rows per forward/backward at most (gradient accumulation; switches to manual
+            optimisation). ``max_tokens_per_forward`` bounds them too.
+        max_tokens_per_forward: The most tokens (rows x their longest row) one forward/backward takes: each
+            mini-batch is cut into micro-batches within it and their gradients summed, the same loss and gradients
+            as one forward (verl's ``ppo_max_token_len_per_gpu``). ``None``: derived from the model's config, about
+            2 GiB of saved activations (:func:`~.micro_batches.default_tokens_per_forward`), and never below the
+            run's longest sequence. The log-probs never hold the micro-batch's float32 logits at once
+            (:mod:`~.chunked_head`).
         filter_groups: Zero the loss weight of samples whose group's rewards are all equal (their advantage is
             0; dropping them from the token-mean denominator is DAPO's "dynamic sampling" at loss level).
         mask_truncated: Zero the loss weight of responses cut at ``response_length`` (no end token: their reward
@@ -186,6 +210,7 @@ class GRPOModule(LightningModule):
         kl_coef: float = 0.0,
         ppo_epochs: int = 1,
         micro_batch_size: int | None = None,
+        max_tokens_per_forward: int | None = None,
         filter_groups: bool = False,
         mask_truncated: bool = False,
         temperature: float = 1.0,
@@ -200,6 +225,12 @@ class GRPOModule(LightningModule):
             raise ValueError(f"ppo_epochs must be >= 1, got {ppo_epochs}")
         if micro_batch_size is not None and micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        if max_tokens_per_forward is not None and (
+            isinstance(max_tokens_per_forward, bool) or not isinstance(max_tokens_per_forward, int)
+        ):
+            raise ValueError(f"max_tokens_per_forward must be an integer or null, got {max_tokens_per_forward!r}")
+        if max_tokens_per_forward is not None and max_tokens_per_forward < 1:
+            raise ValueError(f"max_tokens_per_forward must be >= 1 (or null: derived), got {max_tokens_per_forward}")
         if truncated_is_cap is not None:
             if off_policy_correction is not None:
                 raise ValueError("pass off_policy_correction or its deprecated spelling truncated_is_cap, not both")
@@ -224,6 +255,9 @@ class GRPOModule(LightningModule):
         self.param_version: int = 0
         self.automatic_optimization = ppo_epochs == 1 and micro_batch_size is None
         self._shared_prompt_ok: bool | None = None  # None: not checked yet (on the first batch that shares prompts)
+        self._chunked_head_ok: bool | None = None  # None: not checked yet (on the first batch)
+        self._longest_sequence = 0  # the run's longest sequence (fit_sequence_length); the default budget covers it
+        self._tokens_per_forward: int | None = None  # resolved on the first step
 
     # ------------------------------------------------------------------ model
     @property
@@ -396,19 +430,47 @@ class GRPOModule(LightningModule):
                 if self._shared_prompt_ok is None:
                     self._shared_prompt_ok = self._check_shared_prompt(batch, buckets)
                 if self._shared_prompt_ok:
-                    return shared_prompt_logprobs(self.policy_model, batch, self.hparams.temperature, buckets)
-        return self._full_token_logprobs(batch)
+                    return shared_prompt_logprobs(
+                        self.policy_model, batch, self.hparams.temperature, buckets, chunked=self._chunked_head(batch)
+                    )
+        return self._full_token_logprobs(batch, chunked=self._chunked_head(batch))
 
-    def _full_token_logprobs(self, batch: RolloutBatch) -> Tensor:
-        """:meth:`token_logprobs` with every row's whole sequence through the model (the plain forward)."""
+    def _full_token_logprobs(self, batch: RolloutBatch, chunked: bool = False) -> Tensor:
+        """:meth:`token_logprobs` with every row's whole sequence through the model (the plain forward); with
+        ``chunked``, the head scores the targets chunk by chunk (:func:`~.chunked_head.scored_head`)."""
         # Only the positions from the first response token on are scored: the prompt's logits (most of a short
         # answer's sequence, and a vocabulary-wide softmax each) are never computed. Columns before it are 0.
         width = batch.input_ids.shape[1]
         scored = batch.response_mask[:, 1:].sum(dim=0).nonzero()
         first = int(scored[0]) if len(scored) else width - 1
-        logits = self(batch.input_ids, batch.attention_mask, logits_to_keep=width - first)[:, -(width - first) : -1]
-        logp = target_logprobs(logits, batch.input_ids[:, first + 1 :], self.hparams.temperature)
+        targets = batch.input_ids[:, first + 1 :]
+        if chunked:
+            with scored_head(self.policy_model, targets, self.hparams.temperature):
+                logp = self(batch.input_ids, batch.attention_mask, logits_to_keep=width - first)
+        else:
+            logits = self(batch.input_ids, batch.attention_mask, logits_to_keep=width - first)[:, -(width - first) : -1]
+            logp = target_logprobs(logits, targets, self.hparams.temperature)
         return torch.nn.functional.pad(logp, (first, 0))
+
+    def _chunked_head(self, batch: RolloutBatch) -> bool:
+        """Whether the head scores in chunks: checked once, on the first batch's first rows, against the plain
+        logits (a model whose head output is post-processed, e.g. soft-capped, falls back with one warning)."""
+        if self._chunked_head_ok is None:
+            model = self.policy_model
+            if not (has_output_head(model) and _takes_logits_to_keep(model)):
+                self._chunked_head_ok = False
+            else:
+                probe = batch.select(slice(0, min(2, len(batch))))
+                with torch.no_grad():
+                    plain = self._full_token_logprobs(probe)
+                    chunked = self._full_token_logprobs(probe, chunked=True)
+                self._chunked_head_ok = bool(torch.allclose(plain, chunked, rtol=1e-4, atol=1e-4))
+                if not self._chunked_head_ok:
+                    rank_zero_warn(
+                        "GRPOModule: the chunked log-probs disagree with the model's logits (a head whose output is "
+                        "post-processed?): scoring the full logits instead, which holds them for a whole micro-batch"
+                    )
+        return self._chunked_head_ok
 
     def _shared_prompt_wanted(self, batch: RolloutBatch) -> bool:
         """``shared_prompt_forward``, its default (``None``) read as: on for a batch on the CPU, off on a GPU."""
@@ -498,38 +560,117 @@ class GRPOModule(LightningModule):
         return loss, sums
 
     # ------------------------------------------------------------------- step
+    def fit_sequence_length(self, tokens: int) -> None:
+        """The run's longest sequence (prompt + response, or a whole episode): the default token budget covers it,
+        and an explicit ``max_tokens_per_forward`` below it is refused before the run starts (the callback calls this
+        in its ``setup``).
+
+        Raises:
+            ConfigError: ``max_tokens_per_forward`` is set below ``tokens``.
+        """
+        budget = self.hparams.get("max_tokens_per_forward")
+        if budget is not None and budget < tokens:
+            raise ConfigError(
+                f"model.max_tokens_per_forward ({budget}) is below the run's longest sequence ({tokens} tokens, the "
+                f"engines' max_model_len): raise model.max_tokens_per_forward to at least {tokens}, or leave it out "
+                "(derived from the model)"
+            )
+        self._longest_sequence = int(tokens)
+
+    @property
+    def tokens_per_forward(self) -> int:
+        """The token budget of one forward: ``max_tokens_per_forward``, or the model's default (at least the run's
+        longest sequence)."""
+        if self._tokens_per_forward is None:
+            budget = self.hparams.get("max_tokens_per_forward")
+            if budget is None:
+                config = getattr(self.policy_model, "config", None)
+                budget = max(default_tokens_per_forward(config), self._longest_sequence)
+                rank_zero_info(f"GRPOModule: max_tokens_per_forward={budget} (derived from the model)")
+            self._tokens_per_forward = int(budget)
+        return self._tokens_per_forward
+
+    def micro_batches(self, batch: RolloutBatch) -> list[tuple[RolloutBatch, bool]]:
+        """``batch`` cut by ``tokens_per_forward`` (and ``micro_batch_size`` rows), as many on every rank: each
+        micro-batch and whether it counts (False: a rank with fewer rows repeats one at zero weight)."""
+        lengths = batch.attention_mask.sum(dim=1).tolist()
+        plan = plan_micro_batches(lengths, self.tokens_per_forward, self.hparams.micro_batch_size)
+        parts = even_out(plan, same_count_on_every_rank(len(plan), batch.input_ids.device))
+        return (
+            [(batch, True)]
+            if parts == [slice(0, len(batch))]
+            else [
+                (batch.select(part), True) if part is not None else (batch.select(slice(0, 1)), False) for part in parts
+            ]
+        )
+
+    @override
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
+        # Lightning zeroes the gradients after training_step, before its backward; a step that backwards its
+        # micro-batches itself needs them zeroed before (optimizer_zero_grad below does nothing)
+        if self.automatic_optimization and batch_idx % self.trainer.accumulate_grad_batches == 0:
+            for optimizer in self.trainer.optimizers:
+                optimizer.zero_grad(set_to_none=True)
+        return None
+
+    @override
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: torch.optim.Optimizer) -> None:
+        if not self.automatic_optimization:
+            optimizer.zero_grad()
+
     @override
     def training_step(self, dataloader_iter: Iterator[Any]) -> Tensor | None:
-        """Take one batch from ``dataloader_iter`` (after ``on_train_batch_start``), update, log ``train/*``."""
+        """Take one batch from ``dataloader_iter`` (after ``on_train_batch_start``), update, log ``train/*``.
+
+        The batch runs as micro-batches of at most ``max_tokens_per_forward`` tokens, their gradients summed (in
+        automatic optimisation every micro-batch but the last is backwarded here, the last by Lightning).
+        """
         batch = next_rollout_batch(dataloader_iter).to(self.device)
-        if self.automatic_optimization:
+        if not self.automatic_optimization:
+            self._manual_update(batch)
+            return None
+        micro = self.micro_batches(batch)
+        if len(micro) == 1:
             loss, sums = self.compute_loss(batch)
             self._log_metrics(batch, loss.detach(), sums)
             return loss
-        self._manual_update(batch)
-        return None
+        token_count = self.loss_mask(batch).sum()
+        totals: dict[str, Tensor] = {}
+        loss_sum = torch.zeros((), device=self.device)
+        for i, (mb, counts) in enumerate(micro):
+            loss, sums = self.compute_loss(mb, token_count=token_count)
+            if counts:
+                loss_sum = loss_sum + loss.detach()
+                _add_sums(totals, sums, first_epoch=True)
+            else:
+                loss = loss * 0.0
+            if i == len(micro) - 1:
+                self._log_metrics(batch, loss_sum, totals)
+                return loss
+            self.trainer.strategy.backward(loss, None)
+        return None  # unreachable: micro is never empty
 
     def _manual_update(self, batch: RolloutBatch) -> None:
         hp = self.hparams
         opt = self.optimizers()
-        micro = batch.split(hp.micro_batch_size or len(batch))
+        micro = self.micro_batches(batch)
         token_count = self.loss_mask(batch).sum()
         old: list[Tensor | None] = [None] * len(micro)
         if not hp.use_rollout_log_probs and hp.ppo_epochs > 1:
             with torch.no_grad():
-                old = [self.token_logprobs(mb) for mb in micro]
+                old = [self.token_logprobs(mb) for mb, _ in micro]
         totals: dict[str, Tensor] = {}
         loss_sum = torch.zeros((), device=self.device)
         for epoch in range(hp.ppo_epochs):
             opt.zero_grad()
-            for mb, old_mb in zip(micro, old):
+            for (mb, counts), old_mb in zip(micro, old):
                 loss, sums = self.compute_loss(mb, old_logprobs=old_mb, token_count=token_count)
+                if not counts:
+                    self.manual_backward(loss * 0.0)
+                    continue
                 self.manual_backward(loss)
                 loss_sum = loss_sum + loss.detach()
-                for k, v in sums.items():
-                    if k in _PRE_UPDATE_SUMS and epoch > 0:
-                        continue  # the trainer's policy before the step's update: the first epoch's
-                    totals[k] = torch.maximum(totals[k], v) if k in _MAX_SUMS and k in totals else totals.get(k, 0) + v
+                _add_sums(totals, sums, first_epoch=epoch == 0)
             if hp.grad_clip:
                 self.clip_gradients(opt, gradient_clip_val=hp.grad_clip, gradient_clip_algorithm="norm")
             opt.step()

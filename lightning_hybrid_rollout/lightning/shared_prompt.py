@@ -12,11 +12,13 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
+from lightning_hybrid_rollout.lightning.chunked_head import scored_head
 from lightning_hybrid_rollout.lightning.data import RolloutBatch
 
 __all__ = [
@@ -134,7 +136,11 @@ def shares_prompts(buckets: list[PromptBucket]) -> bool:
 
 
 def shared_prompt_logprobs(
-    model: nn.Module, batch: RolloutBatch, temperature: float = 1.0, buckets: list[PromptBucket] | None = None
+    model: nn.Module,
+    batch: RolloutBatch,
+    temperature: float = 1.0,
+    buckets: list[PromptBucket] | None = None,
+    chunked: bool = False,
 ) -> Tensor:
     """Log-probs of ``input_ids[:, 1:]`` at the response positions, each distinct prompt run once.
 
@@ -143,6 +149,8 @@ def shared_prompt_logprobs(
         batch: The (micro-)batch, on the model's device.
         temperature: Logits are divided by it.
         buckets: :func:`prompt_buckets` of ``batch`` when the caller has them.
+        chunked: Score the responses' tokens chunk by chunk (:func:`~.chunked_head.scored_head`): no
+            ``[rows, response, V]`` float32 logits at once.
 
     Returns:
         ``[B, T - 1]`` float32: ``logp[:, t]`` = log p(input_ids[t + 1] | input_ids[: t + 1]) where ``t + 1`` is a
@@ -168,17 +176,20 @@ def shared_prompt_logprobs(
         if cache is None:
             raise RuntimeError(f"{type(model).__name__} returned no cache (gradient checkpointing turns it off)")
         logits = first.logits[:, -1:][b.prompt_of_row]  # [N, 1, V]: predicts each row's first response token
+        logp = target_logprobs(logits, batch.input_ids[b.rows, p : p + 1], temperature)  # [N, 1]
         if r > 1:
             cache.batch_select_indices(b.prompt_of_row)
             cols = slice(p, p + r - 1)  # every response token but the last: each predicts the next
-            rest = model(
-                input_ids=batch.input_ids[b.rows, cols],
-                attention_mask=batch.attention_mask[b.rows, : p + r - 1],
-                position_ids=torch.arange(p, p + r - 1, device=out.device).expand(len(b.rows), -1),
-                past_key_values=cache,
-                use_cache=True,
-            )
-            logits = torch.cat([logits, rest.logits], dim=1)  # [N, r, V]
-        logp = target_logprobs(logits, batch.input_ids[b.rows, p : p + r], temperature)  # [N, r]
+            targets = batch.input_ids[b.rows, p + 1 : p + r]
+            with scored_head(model, targets, temperature) if chunked else contextlib.nullcontext():
+                rest = model(
+                    input_ids=batch.input_ids[b.rows, cols],
+                    attention_mask=batch.attention_mask[b.rows, : p + r - 1],
+                    position_ids=torch.arange(p, p + r - 1, device=out.device).expand(len(b.rows), -1),
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+            rest_logp = rest.logits if chunked else target_logprobs(rest.logits, targets, temperature)
+            logp = torch.cat([logp, rest_logp], dim=1)  # [N, r]
         out = out.index_copy(0, b.rows, torch.nn.functional.pad(logp, (p - 1, width - 1 - (p - 1) - r)))
     return out

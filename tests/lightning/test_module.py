@@ -159,6 +159,7 @@ def test_token_logprobs_score_only_response_positions_and_equal_the_full_logits(
         return forward(*args, logits_to_keep=logits_to_keep, **kwargs)
 
     with torch.no_grad():
+        module.token_logprobs(batch)  # the first batch checks the chunked head against the logits once
         model.forward = spy
         logp = module.token_logprobs(batch)
         del model.forward
@@ -470,3 +471,72 @@ def test_a_multi_turn_episodes_tool_tokens_contribute_no_gradient() -> None:
     on = torch.tensor(mask, dtype=torch.bool)
     assert sums["tokens"].item() == 2 * sum(mask)
     assert (response[:, ~on] == 0).all() and (response[:, on] != 0).all()
+
+
+# ------------------------------------------------------------------------------- token-budget micro-batches
+class _GradTap(Callback):
+    """The gradients (before clipping) and the logged metrics of every optimizer step."""
+
+    def __init__(self) -> None:
+        self.grads: list[list[torch.Tensor]] = []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        self.grads.append([p.grad.detach().clone() for p in pl_module.parameters()])
+
+
+def _fit_with_budget(tmp_path: Path, budget: int | None, *, chunked: bool, **module_kw) -> tuple[list, dict, list]:
+    module = GRPOModule(model=tiny_llama(hidden=32), max_tokens_per_forward=budget, **module_kw)
+    if not chunked:
+        module._chunked_head_ok = False  # the step as it was: the whole micro-batch's logits at once
+    tap = _GradTap()
+    kw = {"gradient_clip_val": 1.0} if module.automatic_optimization else {}
+    trainer = _trainer(tmp_path / f"b{budget}{chunked}", 2, [tap], **kw)
+    trainer.fit(module, datamodule=RolloutDataModule(source=_RecordingSource([])))
+    metrics = {k: float(v) for k, v in trainer.logged_metrics.items() if k.startswith("train/")}
+    return tap.grads, metrics, [p.detach() for p in module.parameters()]
+
+
+@pytest.mark.parametrize(
+    "module_kw",
+    [
+        {},  # automatic optimisation, Trainer(gradient_clip_val=1.0)
+        {"ppo_epochs": 2, "use_rollout_log_probs": False, "grad_clip": 1.0},  # manual
+        {
+            "off_policy_correction": OffPolicyCorrection("sequence", "mask", low=0.5, high=2.0),
+            "use_rollout_log_probs": False,
+        },
+    ],
+    ids=["automatic", "manual", "sequence-correction"],
+)
+def test_a_step_cut_into_token_budget_micro_batches_equals_the_whole_batch_step(tmp_path: Path, module_kw) -> None:
+    """8 rows of 4-8 tokens: a budget of 12 tokens runs ~5 micro-batches with the chunked head; the gradients, the
+    parameters after two steps and every train/* metric equal the one-forward step's with full logits."""
+    whole_grads, whole_metrics, whole_params = _fit_with_budget(tmp_path, None, chunked=False, **module_kw)
+    split_grads, split_metrics, split_params = _fit_with_budget(tmp_path, 12, chunked=True, **module_kw)
+    assert len(whole_grads) == len(split_grads) >= 2
+    for whole, split in zip(whole_grads, split_grads):
+        for a, b in zip(whole, split):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+    for a, b in zip(whole_params, split_params):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+    assert split_metrics.keys() == whole_metrics.keys()
+    for key, value in whole_metrics.items():
+        assert split_metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
+def test_a_small_budget_really_cuts_the_batch(tmp_path: Path) -> None:
+    module = GRPOModule(model=tiny_llama(hidden=32), max_tokens_per_forward=12)
+    batch = collate_samples(synthetic_samples(1))
+    parts = module.micro_batches(batch)
+    assert len(parts) > 2 and all(counts for _, counts in parts)
+    assert sum(len(mb) for mb, _ in parts) == len(batch)
+    assert all(len(mb) * mb.input_ids.shape[1] <= 12 or len(mb) == 1 for mb, _ in parts)
+    assert GRPOModule(model=tiny_llama(hidden=32)).micro_batches(batch) == [(batch, True)]  # the default: one
+
+
+def test_a_budget_below_the_longest_sequence_is_one_line_before_the_run() -> None:
+    with pytest.raises(Exception, match=r"max_tokens_per_forward \(64\) is below .* raise model.max_tokens_per"):
+        GRPOModule(model=tiny_llama(hidden=32), max_tokens_per_forward=64).fit_sequence_length(160)
+    module = GRPOModule(model=tiny_llama(hidden=32))
+    module.fit_sequence_length(100_000)
+    assert module.tokens_per_forward == 100_000  # the derived default never splits one sequence

@@ -185,7 +185,8 @@ def test_an_episode_budget_left_out_is_derived_from_the_engines_context_and_the_
     with caplog.at_level("INFO", logger="lightning_hybrid_rollout.lightning.workload"):
         agentic, fitted = fit_episode_budget(AgenticConfig(environment="e.py:E", max_episode_tokens=episode), rollout)
     assert (agentic.max_episode_tokens, fitted.engine_max_model_len()) == want
-    derived = [name for name, given in (("max_episode_tokens", episode), ("rollout.max_model_len", engines)) if not given]
+    keys = (("max_episode_tokens", episode), ("rollout.max_model_len", engines))
+    derived = [name for name, given in keys if not given]
     assert all(any(f"{name} left out: " in r.getMessage() for r in caplog.records) for name in derived)
 
 
