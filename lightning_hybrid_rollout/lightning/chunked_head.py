@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["LOGITS_CHUNK_BYTES", "chunk_tokens", "has_output_head", "scored_head"]
+__all__ = ["LOGITS_CHUNK_BYTES", "chunk_tokens", "has_output_head", "scored_head", "target_logprobs"]
 
 LOGITS_CHUNK_BYTES = 256 * 1024**2
 """The float32 logits one chunk may hold."""
@@ -37,11 +37,16 @@ def has_output_head(model: nn.Module) -> bool:
         return False
 
 
-def _score(head_forward: Any, temperature: float, hidden: Tensor, targets: Tensor) -> Tensor:
-    logits = head_forward(hidden).float()
+def target_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
+    """``log softmax(logits / temperature)`` at ``targets`` (``[..., V]`` and ``[...]``), in float32."""
+    logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def _score(head_forward: Any, temperature: float, hidden: Tensor, targets: Tensor) -> Tensor:
+    return target_logprobs(head_forward(hidden), targets, temperature)
 
 
 @contextmanager

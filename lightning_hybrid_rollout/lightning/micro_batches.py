@@ -42,7 +42,7 @@ def activation_bytes_per_token(config: Any) -> int:
 
 def default_tokens_per_forward(config: Any) -> int:
     """``GRPOModule(max_tokens_per_forward=None)``: ``ACTIVATION_BUDGET_BYTES`` over the model's bytes per token, in
-    ``[1024, 65536]`` (SmolLM2-135M: 7,281 tokens; the tiny CPU model: the maximum)."""
+    ``[1024, 65536]`` (SmolLM2-135M: 1,059 tokens; the tiny CPU model: the maximum)."""
     tokens = ACTIVATION_BUDGET_BYTES // max(1, activation_bytes_per_token(config))
     return int(min(_MAX_TOKENS, max(_MIN_TOKENS, tokens)))
 

@@ -637,18 +637,17 @@ class GRPOModule(LightningModule):
         token_count = self.loss_mask(batch).sum()
         totals: dict[str, Tensor] = {}
         loss_sum = torch.zeros((), device=self.device)
-        for i, (mb, counts) in enumerate(micro):
+        pending: Tensor | None = None
+        for mb, counts in micro:
+            if pending is not None:  # the previous micro-batch's graph is freed before this one is built
+                self.trainer.strategy.backward(pending, None)
             loss, sums = self.compute_loss(mb, token_count=token_count)
             if counts:
                 loss_sum = loss_sum + loss.detach()
                 _add_sums(totals, sums, first_epoch=True)
-            else:
-                loss = loss * 0.0
-            if i == len(micro) - 1:
-                self._log_metrics(batch, loss_sum, totals)
-                return loss
-            self.trainer.strategy.backward(loss, None)
-        return None  # unreachable: micro is never empty
+            pending = loss if counts else loss * 0.0
+        self._log_metrics(batch, loss_sum, totals)
+        return pending
 
     def _manual_update(self, batch: RolloutBatch) -> None:
         hp = self.hparams

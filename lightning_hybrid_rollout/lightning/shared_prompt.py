@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from lightning_hybrid_rollout.lightning.chunked_head import scored_head
+from lightning_hybrid_rollout.lightning.chunked_head import scored_head, target_logprobs
 from lightning_hybrid_rollout.lightning.data import RolloutBatch
 
 __all__ = [
@@ -93,14 +93,6 @@ class _Group:
     rows: list[int] = field(default_factory=list)
     which: list[int] = field(default_factory=list)
     response_len: int = 0
-
-
-def target_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
-    """``log softmax(logits / temperature)`` at ``targets`` (``[..., V]`` and ``[...]``), in float32."""
-    logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
 def check_shared_prompt(
