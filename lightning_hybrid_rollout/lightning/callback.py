@@ -29,7 +29,7 @@ from lightning_hybrid_rollout.config import (
     validate_run_config,
 )
 from lightning_hybrid_rollout.errors import ReplicaFailureError
-from lightning_hybrid_rollout.lightning.cycle_report import CycleReport
+from lightning_hybrid_rollout.lightning.cycle_report import CycleReport, peak_rss_bytes
 from lightning_hybrid_rollout.lightning.lora import check_adapter_sync, check_lora_targets, engine_lora_config
 from lightning_hybrid_rollout.lightning.overlap import OverlapSync
 from lightning_hybrid_rollout.lightning.placement import rank_node_ips
@@ -463,6 +463,12 @@ class HybridRolloutCallback(Callback):
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        sup = getattr(self._runtime, "supervisor", None)
+        starting = f"; replacement of {', '.join(sup.starting)} still starting, stopped" if sup and sup.starting else ""
+        rank_zero_info(
+            f"[lhr] fit done: {trainer.global_step} steps, {self.samples_consumed} samples trained, trainer peak RSS "
+            f"{peak_rss_bytes() / 1e9:.2f} GB{starting}"
+        )
         self._shutdown()
 
     @override

@@ -199,5 +199,15 @@ class CycleReport:
             f"hybrid {'on' if self.hybrid_active else 'off'} "
             f"({activations} activations so far)"
         )
+        text += f", trainer peak RSS {peak_rss_bytes() / 1e9:.1f} GB"
         skipped = self.runtime.prompts_skipped_too_long()
         return text + (f", {skipped} prompts skipped (too long)" if skipped else "")
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory so far (the trainer's, on rank 0; Linux reports KiB, macOS bytes)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)

@@ -84,6 +84,11 @@ class ReplicaSupervisor:
         """Slots whose replacement is being started."""
         return sorted(self._starting)
 
+    @property
+    def launching(self) -> list[str]:
+        """Slots whose replacement has not finished starting yet (``starting`` less those up, waiting to join)."""
+        return sorted(rid for rid, (_, task) in self._starting.items() if not task.done())
+
     def _event(self, replica_id: str, kind: str, detail: str = "") -> None:
         self.events.append(ReplicaEvent(self._clock(), replica_id, kind, detail))
 

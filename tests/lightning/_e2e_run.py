@@ -6,10 +6,11 @@ out of the pytest process). Spec keys: ``out`` (report path), ``root`` (run dir)
 ``save_every``, ``wandb``, ``trigger``, ``mini_batch``, ``n``,
 ``overlap_sync``, ``early_first_sync``, ``staged``, ``enable_rebalance``, ``staleness``, ``ratio``, ``kill``
 (``[{"step": 3, "replica": "hybrid-0", "how": "kill" | "stop"}, ...]``: ``kill -9`` / ``kill -STOP`` that replica's
-actor at the end of that step, once earlier replacements joined), ``sync_mode``, ``response_length``, ``settle``
-(a step at whose end the run waits until every replacement joined), ``max_restarts``, ``health_timeout``,
-``filter_groups`` (``rollout.filter_groups``), ``reward_funcs``, ``module_filter_groups`` (``GRPOModule``'s),
-``record_prompts`` (the prompt index of every trained sample, in ``trained_prompts``).
+actor at the end of that step, once earlier steps' replacements joined; kills of one step land back to back),
+``sync_mode``, ``response_length``, ``settle`` (a step at whose end the run waits until every replacement is up; the
+callback joins them), ``max_restarts``, ``health_timeout``, ``filter_groups`` (``rollout.filter_groups``),
+``reward_funcs``, ``module_filter_groups`` (``GRPOModule``'s), ``record_prompts`` (the prompt index and uid of every
+trained sample, in ``trained_prompts`` / ``trained_uids``).
 """
 
 from __future__ import annotations
@@ -51,11 +52,13 @@ class RecordingDataModule(RolloutDataModule):
     def __init__(self) -> None:
         super().__init__()
         self.trained_prompts: list[int] = []
+        self.trained_uids: list[str] = []
 
     def attach_source(self, source: Any) -> None:
         def recorded() -> Any:
             samples = source()
             self.trained_prompts.extend(int(s.metadata["lhr_prompt"]["index"]) for s in samples or [])
+            self.trained_uids.extend(str(s.uid) for s in samples or [])
             return samples
 
         super().attach_source(recorded)
@@ -73,7 +76,7 @@ class Recorder(Callback):
     ) -> None:
         self.cb = hybrid_cb
         self.kills = list(kills or [])
-        self.settle_step = settle_step  # wait there until every replacement joined (the fit's last cycles see it)
+        self.settle_step = settle_step  # wait there until every replacement is up (the next cycles join them)
         self.report: dict[str, Any] = {"routed": [], "restored": None, "active": []}
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -98,10 +101,11 @@ class Recorder(Callback):
         if not trainer.is_global_zero:
             return
         if trainer.global_step == self.settle_step:
+            self._wait_replacements_up()
+        now = [kill for kill in self.kills if kill["step"] == trainer.global_step]
+        if now:
             self._wait_replacements_joined()
-        for kill in self.kills:
-            if kill["step"] == trainer.global_step:
-                self._wait_replacements_joined()
+            for kill in now:  # back to back: the second dies while the first one's replacement starts
                 self.report.setdefault("killed", []).append(kill_replica(kill["replica"], kill.get("how", "kill")))
         self.report["counters"] = dict(self.cb.runtime.rollouter.counters())
         lb = self.cb.runtime.rollouter.load_balancer
@@ -118,6 +122,16 @@ class Recorder(Callback):
         while rt.supervisor.starting or rt._joining:
             assert time.monotonic() < deadline, f"replacement not joined in {timeout} s: {rt.supervisor.events}"
             self.cb._supervise(probe=False)
+            time.sleep(0.5)
+
+    def _wait_replacements_up(self, timeout: float = 300.0) -> None:
+        """Until every replacement has started (as a long step would); joining them is left to the callback."""
+        import time
+
+        sup = self.cb.runtime.supervisor
+        deadline = time.monotonic() + timeout
+        while sup.launching:
+            assert time.monotonic() < deadline, f"replacement not up in {timeout} s: {sup.events}"
             time.sleep(0.5)
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
@@ -221,6 +235,7 @@ def main(spec_path: str) -> None:
             global_step=trainer.global_step,
             world_size=trainer.world_size,
             trained_prompts=getattr(datamodule, "trained_prompts", None),
+            trained_uids=getattr(datamodule, "trained_uids", None),
             dropped_prompts=getattr(getattr(recorder, "group_filter", None), "__globals__", {}).get("DROPPED"),
         )
         if spec.get("wandb"):

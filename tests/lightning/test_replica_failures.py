@@ -101,3 +101,30 @@ def test_without_standalone_replicas_the_hybrid_one_generates_alone_and_with_non
     saved = list((Path(rep["root"]) / "ckpt").glob("replica-failure-step=*.ckpt"))
     assert len(saved) == 1, rep["stderr"][-3000:]
     assert rep["saved"]["queue_uids"] or rep["saved"]["pending_uids"]  # the checkpoint kept the unfinished work
+
+
+def test_two_replicas_killed_within_a_second_are_both_replaced_counted_and_every_sample_trained_once(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    kills = [{"step": 3, "replica": "standalone-0"}, {"step": 3, "replica": "hybrid-0"}]
+    rep = run_fit(
+        tmp_path,
+        "two_at_once",
+        model_dir,
+        max_steps=10,
+        trigger=1,
+        policy="default",
+        kill=kills,
+        settle=7,
+        record_prompts=True,
+    )
+    assert rep["error"] is None and rep["global_step"] == 10, rep["stderr"][-3000:]
+    assert [k["replica"] for k in rep["killed"]] == ["standalone-0", "hybrid-0"]
+    events = [(e["replica_id"], e["kind"]) for e in rep["replica_events"]]
+    for rid in ("standalone-0", "hybrid-0"):
+        assert events.count((rid, "restarted")) == 1, events
+    restarts = column(read_metrics(rep["root"]), M.REPLICA_RESTARTS)
+    assert restarts[-1] == 2, restarts
+    uids = rep["trained_uids"]
+    assert uids and len(uids) == len(set(uids)), "a sample was trained twice"
+    assert rep["routed"][-1].get("standalone-0", 0) > rep["routed"][3].get("standalone-0", 0), rep["routed"]

@@ -103,6 +103,39 @@ def test_a_replacement_keeps_the_spec_counts_its_generation_and_joins_once_up() 
     assert [r.spec.generation for r in ready] == [1]
 
 
+def test_replicas_dying_while_another_replacement_starts_are_each_replaced_and_counted() -> None:
+    gates: dict[str, asyncio.Event] = {}
+
+    async def start(spec: Spec) -> FakeReplica:
+        gates[spec.replica_id] = asyncio.Event()
+        await gates[spec.replica_id].wait()  # "starting" until the test lets it up
+        return FakeReplica(spec)
+
+    async def go() -> ReplicaSupervisor:
+        sup = ReplicaSupervisor(start)
+        sup.replace(FakeReplica(Spec("standalone-0")), "its actor died")
+        await asyncio.sleep(0)
+        assert sup.launching == ["standalone-0"]
+        sup.replace(FakeReplica(Spec("hybrid-0", role="hybrid")), "its actor died")  # the first is still starting
+        await asyncio.sleep(0)
+        assert sup.launching == ["hybrid-0", "standalone-0"]
+        gates["hybrid-0"].set()  # the later one comes up first
+        await sup.wait_any(1.0)
+        assert sup.launching == ["standalone-0"] and sup.starting == ["hybrid-0", "standalone-0"]
+        joined = sup.take_ready()
+        gates["standalone-0"].set()
+        await sup.wait_any(1.0)
+        joined += sup.take_ready()
+        for replica in joined:
+            sup.joined(replica)
+        assert sorted(r.replica_id for r in joined) == ["hybrid-0", "standalone-0"]
+        return sup
+
+    sup = run(go())
+    assert sup.restarts == 2 and sup.starting == [] and sup.launching == []
+    assert [e.kind for e in sup.events].count("restarted") == 2
+
+
 def test_failed_starts_are_retried_then_the_slot_is_abandoned() -> None:
     attempts: list[int] = []
 
