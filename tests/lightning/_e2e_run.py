@@ -7,8 +7,9 @@ out of the pytest process). Spec keys: ``out`` (report path), ``root`` (run dir)
 ``overlap_sync``, ``early_first_sync``, ``staged``, ``enable_rebalance``, ``staleness``, ``ratio``, ``kill``
 (``[{"step": 3, "replica": "hybrid-0", "how": "kill" | "stop"}, ...]``: ``kill -9`` / ``kill -STOP`` that replica's
 actor at the end of that step, once earlier steps' replacements joined; kills of one step land back to back),
-``sync_mode``, ``response_length``, ``settle`` (a step at whose end the run waits until every replacement is up; the
-callback joins them), ``max_restarts``, ``health_timeout``, ``filter_groups`` (``rollout.filter_groups``),
+``sync_mode``, ``response_length``, ``settle`` (a step at whose end the run waits until every replacement joined),
+``settle_up`` (likewise until every replacement is up, joining left to the callback), ``max_restarts``,
+``health_timeout``, ``filter_groups`` (``rollout.filter_groups``),
 ``reward_funcs``, ``module_filter_groups`` (``GRPOModule``'s), ``record_prompts`` (the prompt index and uid of every
 trained sample, in ``trained_prompts`` / ``trained_uids``).
 """
@@ -72,11 +73,16 @@ class Recorder(Callback):
     """Snapshots what the tests assert on (rank 0)."""
 
     def __init__(
-        self, hybrid_cb: HybridRolloutCallback, kills: list[dict[str, Any]] | None = None, settle_step: int = -1
+        self,
+        hybrid_cb: HybridRolloutCallback,
+        kills: list[dict[str, Any]] | None = None,
+        settle_step: int = -1,
+        settle_up_step: int = -1,
     ) -> None:
         self.cb = hybrid_cb
         self.kills = list(kills or [])
-        self.settle_step = settle_step  # wait there until every replacement is up (the next cycles join them)
+        self.settle_step = settle_step  # wait there until every replacement joined (the fit's last cycles see it)
+        self.settle_up_step = settle_up_step  # wait there until every replacement is up (the callback joins them)
         self.report: dict[str, Any] = {"routed": [], "restored": None, "active": []}
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -101,6 +107,8 @@ class Recorder(Callback):
         if not trainer.is_global_zero:
             return
         if trainer.global_step == self.settle_step:
+            self._wait_replacements_joined()
+        if trainer.global_step == self.settle_up_step:
             self._wait_replacements_up()
         now = [kill for kill in self.kills if kill["step"] == trainer.global_step]
         if now:
@@ -188,7 +196,7 @@ def main(spec_path: str) -> None:
         build_model=True,
         run_dir=str(root),
     )
-    recorder = Recorder(hybrid_cb, spec.get("kill"), spec.get("settle", -1))
+    recorder = Recorder(hybrid_cb, spec.get("kill"), spec.get("settle", -1), spec.get("settle_up", -1))
     loggers: list[Any] = [CSVLogger(save_dir=str(root), name="", version="")]
     if spec.get("wandb"):
         from lightning.pytorch.loggers import WandbLogger

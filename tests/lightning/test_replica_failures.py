@@ -115,7 +115,7 @@ def test_two_replicas_killed_within_a_second_are_both_replaced_counted_and_every
         trigger=1,
         policy="default",
         kill=kills,
-        settle=7,
+        settle_up=7,
         record_prompts=True,
     )
     assert rep["error"] is None and rep["global_step"] == 10, rep["stderr"][-3000:]
