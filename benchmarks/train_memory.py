@@ -36,12 +36,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def peak_rss() -> int:
-    import resource
-
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-
-
 def batch(rows: int, tokens: int, vocab: int, group: int = 8) -> list:
     import torch
 
@@ -76,6 +70,7 @@ def arm(name: str, model_dir: str, rows: int, tokens: int) -> dict:
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import Callback
 
+    from lightning_hybrid_rollout.lightning.cycle_report import peak_rss_bytes
     from lightning_hybrid_rollout.lightning.data import RolloutDataModule
     from lightning_hybrid_rollout.lightning.module import GRPOModule
 
@@ -86,13 +81,12 @@ def arm(name: str, model_dir: str, rows: int, tokens: int) -> dict:
 
     class Measure(Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-            seen["before"] = peak_rss()
+            seen["before"] = peak_rss_bytes()
             if old:
                 pl_module._chunked_head_ok = False  # the full logits at once, as the step was
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
             seen["loss"] = float(trainer.callback_metrics.get("train/loss", float("nan")))
-            seen["micro_batches"] = len(pl_module.micro_batches(batch)) if hasattr(pl_module, "micro_batches") else 1
 
     samples: list = []
 
@@ -118,10 +112,9 @@ def arm(name: str, model_dir: str, rows: int, tokens: int) -> dict:
     return {
         "arm": name,
         "before": seen["before"],
-        "peak": peak_rss(),
+        "peak": peak_rss_bytes(),
         "loss": seen["loss"],
         "tokens_per_forward": module.tokens_per_forward,
-        "micro_batches": seen.get("micro_batches"),
     }
 
 
