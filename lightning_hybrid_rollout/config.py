@@ -582,8 +582,13 @@ class RolloutConfig(_ConfigBase):
     # --- Parameters that control the replicas ------------------------------------------------------------------
 
     model_path: str = ""
-    """Hugging Face model directory or hub id the engines load. Required by the runtime; may stay empty for
-    simulator-only configs."""
+    """Hugging Face model directory or hub id (``HuggingFaceTB/SmolLM2-135M-Instruct``) the trainer and the engines
+    load. A hub id is fetched into the Hugging Face cache once per node (``HF_HOME``; ``HF_HUB_OFFLINE=1`` reads the
+    cache only). Required by the runtime; may stay empty for simulator-only configs."""
+
+    model_revision: str | None = None
+    """Branch, tag or commit of a hub id ``model_path`` (TRL's ``model_revision``); ``null``: its default branch.
+    Ignored for a local directory."""
 
     standalone_replicas: int = 1
     """Always-on rollout replicas on dedicated devices (seed: rollout nodes). 0 with ``only_hybrid``."""
@@ -724,6 +729,8 @@ class RolloutConfig(_ConfigBase):
             c.add(
                 "model_path", "a string", self.model_path, "Give a model directory or a hub id, e.g. 'Qwen/Qwen3-0.6B'."
             )
+        if self.model_revision is not None and (not isinstance(self.model_revision, str) or not self.model_revision):
+            c.add("model_revision", "null or a non-empty string", self.model_revision, "E.g. 'main' or a commit hash.")
         c.integer(
             "standalone_replicas",
             self.standalone_replicas,

@@ -40,3 +40,13 @@ def test_the_dynamic_sampling_yaml_is_a_valid_rollout_config() -> None:
     block = next(b.split("```", 1)[0] for b in DOC.split("```yaml\n")[1:] if "filter_groups" in b.split("```", 1)[0])
     rollout = RolloutConfig.from_dict(yaml.safe_load(block)["trainer"]["callbacks"][0]["init_args"]["rollout"])
     assert rollout.filter_groups is True and rollout.max_num_gen_batches == 10
+
+
+def test_the_hub_ids_yaml_is_a_valid_rollout_and_dataset_config() -> None:
+    from lightning_hybrid_rollout.config import RolloutConfig
+
+    block = next(b.split("```", 1)[0] for b in DOC.split("```yaml\n")[1:] if "hub ids" in b.split("```", 1)[0])
+    doc = yaml.safe_load(block)
+    rollout = RolloutConfig(**doc["rollout"])
+    dataset = DatasetConfig.from_dict(doc["dataset"])
+    assert rollout.model_revision == "main" and dataset.name == "main" and dataset.test_split == "test"

@@ -42,6 +42,7 @@ from lightning_hybrid_rollout.lightning.workload import (
     fit_episode_budget,
     load_workload,
 )
+from lightning_hybrid_rollout.models.hub import resolve_model_path
 from lightning_hybrid_rollout.models.model_path import take_model_path
 from lightning_hybrid_rollout.models.run_model import ensure_run_model
 from lightning_hybrid_rollout.redaction import redact_logger_hyperparams
@@ -327,9 +328,14 @@ class HybridRolloutCallback(Callback):
 
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # a hub id resolves once on this rank's node (the replicas resolve it on theirs): the directory below is
+        # what the module, the tokenizer and the checks load
+        model_dir = self.rollout.model_path
+        if self.build_model is None and stage in ("fit", "validate"):
+            model_dir = resolve_model_path(model_dir, self.rollout.model_revision)
         take_model_path(
             pl_module,
-            self.rollout.model_path,
+            model_dir,
             build_model=self.build_model is not None,
             run_dir=self.run_dir or trainer.default_root_dir,
             check_disk=stage == "fit",
@@ -345,11 +351,15 @@ class HybridRolloutCallback(Callback):
                 run_dir.mkdir(parents=True, exist_ok=True)
                 from lightning_hybrid_rollout.tasks import get_task
 
-                ensure_run_model(self.rollout, self.build_model, lambda: get_task(self.task_name, **self.task_kwargs))
+                ensure_run_model(
+                    _on_node(self.rollout, model_dir),
+                    self.build_model,
+                    lambda: get_task(self.task_name, **self.task_kwargs),
+                )
             trainer.strategy.barrier("lhr_model_ready")
             lora_config = getattr(pl_module, "lora_config", None)
             if lora_config is not None:  # the adapter's target_modules against the model, before Ray (every rank)
-                check_lora_targets(lora_config, self.rollout.model_path)
+                check_lora_targets(lora_config, model_dir)
                 if self.rollout.lora_sync == "adapter":  # syncs send the adapter alone to LoRA engines
                     check_adapter_sync(lora_config, self.rollout.tensor_parallel_size)
                     self._trainer_side.adapter_only = True
@@ -366,7 +376,7 @@ class HybridRolloutCallback(Callback):
             task=self.task_name,
             task_kwargs=self.task_kwargs,
             rewards=self.rewards,
-            rollout=self.rollout,
+            rollout=_on_node(self.rollout, model_dir),
             agentic=self.agentic,
         )
         self._tokenizer = self._workload.tokenizer
@@ -873,3 +883,10 @@ def _switch_totals(state: dict[str, Any]) -> dict[str, dict[str, float]]:
             totals[event["kind"]]["count"] += 1
             totals[event["kind"]]["seconds"] += float(event.get("duration_s", 0.0))
     return totals
+
+
+def _on_node(rollout: RolloutConfig, model_dir: str) -> RolloutConfig:
+    """``rollout`` with ``model_path`` the directory this node loads (a hub id's snapshot), for the local steps."""
+    if model_dir == rollout.model_path:
+        return rollout
+    return dataclasses.replace(rollout, model_path=model_dir, model_revision=None)

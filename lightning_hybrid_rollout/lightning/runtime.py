@@ -8,6 +8,7 @@ CPU placement is :mod:`~lightning_hybrid_rollout.lightning.placement`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -238,10 +239,13 @@ class RolloutRuntime(RuntimeQueries):
             r.engine_kwargs or r.max_model_len is not None or r.enable_prefix_caching is not None or self.lora
         ) and (r.tensor_parallel_size == 1):
             return
+        from lightning_hybrid_rollout.models.hub import resolve_model_path
         from lightning_hybrid_rollout.rollout.vllm.config import engine_kwargs_for
         from lightning_hybrid_rollout.rollout.vllm.engine_args import check_engine_args
 
-        check_engine_args(engine_kwargs_for(self._engine_config(), on_cuda=r.gpus_per_replica > 0))
+        cfg = self._engine_config()  # a hub id is checked as the snapshot directory the replicas will load
+        cfg = dataclasses.replace(cfg, model=resolve_model_path(cfg.model, cfg.revision), revision=None)
+        check_engine_args(engine_kwargs_for(cfg, on_cuda=r.gpus_per_replica > 0))
 
     def start(self) -> RolloutRuntime:
         """Start Ray and the replicas (hybrid ones parked), build the rollouter (not yet generating)."""

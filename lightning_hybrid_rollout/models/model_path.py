@@ -1,4 +1,4 @@
-"""The one model directory of a run: checked before anything starts.
+"""The one model of a run (a directory or a hub id, :mod:`.hub`): checked before anything starts.
 
 The trainer's module and the rollout engines must start from the same weights, so a run names its model directory
 once, in ``rollout.model_path`` (the module takes it from there when its own ``model_path`` is left out), and a
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_hybrid_rollout.errors import ConfigError
+from lightning_hybrid_rollout.models.hub import is_hub_id
 
 ROLLOUT_KEY = "rollout.model_path"
 MODULE_KEY = "model.init_args.model_path"
@@ -64,11 +65,13 @@ def model_path_problems(
     path = _resolved(rollout_path)
     if not check_disk or (path / "config.json").is_file():
         return []
+    if not build_model and is_hub_id(rollout_path):
+        return []  # a hub id: resolved, and any problem with it reported, by the callback's setup on each node
     if not build_model:
         what = "does not exist" if not path.exists() else "has no config.json"
         return [
             f"{rollout_key} {rollout_path!r} {what}: point it at a Hugging Face model directory (config.json, "
-            "weights, tokenizer), or set build_model: true to build the tiny CPU model there."
+            "weights, tokenizer) or a hub id (org/name), or set build_model: true to build the tiny CPU model there."
         ]
     if path.exists() and not path.is_dir():
         return [f"{rollout_key} {rollout_path!r} is a file, not a directory: point it at a directory to build into."]

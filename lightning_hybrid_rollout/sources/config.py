@@ -59,14 +59,29 @@ def _as_path(v: Any) -> Any:
 
 @dataclass
 class DatasetConfig:
-    """The ``dataset`` section: a local prompt data set, how it is drawn (shuffle, epochs) and held out."""
+    """The ``dataset`` section: a prompt data set (local or on the hub), how it is drawn (shuffle, epochs) and held
+    out."""
 
     SECTION: ClassVar[str] = "dataset"
 
     path: str | list[str]
     """A local ``.jsonl`` / ``.json`` / ``.parquet`` / ``.csv`` file, a list of files of one format (read in order,
-    as one data set), or a directory written by ``datasets.Dataset.save_to_disk`` (of a ``DatasetDict`` too: its
-    ``train`` split is used). Never a hub id: nothing is downloaded."""
+    as one data set), a directory written by ``datasets.Dataset.save_to_disk`` (of a ``DatasetDict`` too: its
+    ``train_split`` is used), or a hub data set id such as ``openai/gsm8k`` (fetched into the Hugging Face cache once,
+    read from it offline with ``HF_HUB_OFFLINE=1``)."""
+
+    name: str | None = None
+    """The configuration (subset) of a hub data set, as ``load_dataset(path, name)``, e.g. ``main`` for
+    ``openai/gsm8k``; ``null``: its default one."""
+
+    revision: str | None = None
+    """Branch, tag or commit of a hub data set (``null``: its default branch); ignored for local files."""
+
+    train_split: str = "train"
+    """The split of a hub data set (or of a saved ``DatasetDict``) the training rows come from."""
+
+    test_split: str = "test"
+    """The split of a hub data set given as ``val_path`` that validation reads."""
 
     prompt_column: str = "prompt"
     """The column holding each row's prompt: a string, or a list of chat messages ``{"role", "content"}``. Every
@@ -110,6 +125,12 @@ class DatasetConfig:
             bad("path", "a file or directory path, or a non-empty list of files", self.path, "E.g. 'data/train.jsonl'.")
         if not isinstance(self.prompt_column, str) or not self.prompt_column:
             bad("prompt_column", "a column name", self.prompt_column, "E.g. 'prompt' (the default).")
+        for key in ("name", "revision"):
+            if getattr(self, key) is not None and (not isinstance(getattr(self, key), str) or not getattr(self, key)):
+                bad(key, "null or a non-empty string", getattr(self, key), "E.g. 'main'.")
+        for key in ("train_split", "test_split"):
+            if not isinstance(getattr(self, key), str) or not getattr(self, key):
+                bad(key, "a split name", getattr(self, key), "E.g. 'train' or 'test'.")
         if self.system_prompt is not None and not isinstance(self.system_prompt, str):
             bad("system_prompt", "null or a string", self.system_prompt, "E.g. 'You are a careful solver.'")
         if not isinstance(self.chat_template, (bool, type(None))):

@@ -1,11 +1,12 @@
-"""Prompts from a local data file: :class:`DatasetSource`, a shuffled, epoch-counted, checkpointable row stream loaded
-by Hugging Face ``datasets`` (local only, no cache left behind), every row checked before the first is drawn
-(docs/workloads.md).
+"""Prompts from a data file or a hub data set: :class:`DatasetSource`, a shuffled, epoch-counted, checkpointable row
+stream loaded by Hugging Face ``datasets`` (a hub id through the hub's cache, ``models/hub.py``; no ``datasets``
+cache left behind), every row checked before the first is drawn (docs/workloads.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -28,7 +29,7 @@ __all__ = ["FORMATS", "ROLES", "DatasetSource", "check_prompt", "load_prompt_tab
 FORMATS: dict[str, str] = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 #: The chat roles a prompt message may have.
 ROLES: tuple[str, ...] = ("system", "developer", "user", "assistant", "tool")
-_GIVE = "give a local .jsonl/.json/.parquet/.csv file or a save_to_disk directory"
+_GIVE = "give a local .jsonl/.json/.parquet/.csv file, a save_to_disk directory or a hub data set id (org/name)"
 
 
 @contextlib.contextmanager
@@ -50,16 +51,16 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def _load_directory(path: Path, key: str) -> Any:
+def _load_directory(path: Path, key: str, split: str = "train") -> Any:
     if (path / "dataset_dict.json").is_file():
         with _quiet_datasets() as datasets:
             splits = datasets.load_from_disk(str(path), keep_in_memory=True)
-        if "train" not in splits:
+        if split not in splits:
             raise DatasetError(
-                f"{key}: {path} holds the splits {sorted(splits)} but no 'train'; save the training rows as the "
-                f"'train' split, or give that split's directory ({path}/<split>)"
+                f"{key}: {path} holds the splits {sorted(splits)} but no {split!r}.{suggest(split, list(splits))} "
+                f"Set dataset.train_split to one of them, or give that split's directory ({path}/<split>)"
             )
-        return splits["train"]
+        return splits[split]
     if (path / "state.json").is_file() or (path / "dataset_info.json").is_file():
         with _quiet_datasets() as datasets:
             return datasets.load_from_disk(str(path), keep_in_memory=True)
@@ -94,18 +95,69 @@ def _load_files(files: list[Path], key: str) -> Any:
         shutil.rmtree(cache, ignore_errors=True)
 
 
+def _load_hub(repo_id: str, key: str, source: HubSource) -> Any:
+    """The ``source.split`` split of hub data set ``repo_id`` (its snapshot in the hub cache, fetched if need be)."""
+    from lightning_hybrid_rollout.models.hub import resolve_dataset_path
+
+    local = resolve_dataset_path(repo_id, source.revision, key)
+    cache = tempfile.mkdtemp(prefix="lhr-datasets-")
+    what = f"{key}: hub data set {repo_id!r}" + (f" (config {source.name!r})" if source.name else "")
+    try:
+        with _quiet_datasets() as datasets:
+            try:
+                splits = datasets.get_dataset_split_names(local, source.name)
+            except Exception as err:  # an unknown config name: datasets lists the valid ones in its message
+                raise DatasetError(
+                    f"{what} cannot be read: {_first_line(err)}; set dataset.name to one of its configs"
+                ) from None
+            if source.split not in splits:
+                raise DatasetError(
+                    f"{what} has the splits {splits} but no {source.split!r}.{suggest(source.split, splits)} Set "
+                    f"dataset.{source.split_key} to one of them"
+                )
+            return datasets.load_dataset(
+                local, name=source.name, split=source.split, cache_dir=cache, keep_in_memory=True
+            )
+    except DatasetError:
+        raise
+    except Exception as err:
+        raise DatasetError(f"{what} could not be loaded: {_first_line(err)}") from err
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class HubSource:
+    """How a hub id (or a saved ``DatasetDict``) is read: its config, revision and split, and the split's key."""
+
+    name: str | None = None
+    revision: str | None = None
+    split: str = "train"
+    split_key: str = "train_split"
+
+    @property
+    def dict_split(self) -> str:
+        """The split read from a saved ``DatasetDict`` directory: ``train_split`` (``val_path`` reads ``train``)."""
+        return self.split if self.split_key == "train_split" else "train"
+
+
 def _display(paths: list[Path]) -> str:
     return str(paths[0]) if len(paths) == 1 else f"{paths[0]} (+{len(paths) - 1} files)"
 
 
-def _load(path: str | list[str], key: str) -> tuple[Any, str]:
-    """The ``datasets.Dataset`` at ``path`` (a file, a list of files, a save_to_disk dir) and its display name."""
+def _load(path: str | list[str], key: str, source: HubSource | None = None) -> tuple[Any, str]:
+    """The ``datasets.Dataset`` at ``path`` (a file, a list of files, a save_to_disk dir, a hub id) and its name."""
+    from lightning_hybrid_rollout.models.hub import is_hub_id
+
+    source = source or HubSource()
+    if isinstance(path, str) and is_hub_id(path):
+        return _load_hub(path, key, source), path
     paths = [Path(p).expanduser().absolute() for p in ([path] if isinstance(path, str) else path)]
     for p in paths:
         if not p.exists():
             raise DatasetError(f"{key}: {p} not found; {_GIVE}")
     if len(paths) == 1 and paths[0].is_dir():
-        return _load_directory(paths[0], key), str(paths[0])
+        return _load_directory(paths[0], key, source.dict_split), str(paths[0])
     dirs = [p for p in paths if p.is_dir()]
     if dirs:
         raise DatasetError(f"{key}: {dirs[0]} is a directory inside a list of files; give files only, or one directory")
@@ -153,14 +205,15 @@ def check_prompt(where: str, row: int, value: Any) -> str | Messages:
 
 
 def load_prompt_table(
-    path: str | list[str], prompt_column: str, key: str = "dataset.path"
+    path: str | list[str], prompt_column: str, key: str = "dataset.path", source: HubSource | None = None
 ) -> tuple[Any, list[str | Messages], str]:
     """Load and check a prompt data set: ``(dataset, prompts, display name)``.
 
     Args:
-        path: A file, a list of files of one format, or a ``save_to_disk`` directory.
+        path: A file, a list of files of one format, a ``save_to_disk`` directory, or a hub data set id.
         prompt_column: The column holding the prompts.
         key: The config key ``path`` came from (named in errors).
+        source: The config, revision and split read from a hub id (default: its ``train`` split).
 
     Returns:
         The ``datasets.Dataset`` without its prompt column, every row's checked prompt, and the file's name.
@@ -168,7 +221,7 @@ def load_prompt_table(
     Raises:
         DatasetError: one line naming the file (row, column) and the fix.
     """
-    ds, where = _load(path, key)
+    ds, where = _load(path, key, source)
     if len(ds) == 0:
         raise DatasetError(f"{key}: {where} has no rows; give a file with at least one row")
     if prompt_column not in ds.column_names:
@@ -218,7 +271,8 @@ class DatasetSource(PromptSource):
         self.seed = config.seed if config.seed is not None else seed
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ConfigError(f"dataset.seed (or the run's seed) must be an integer >= 0, got {self.seed!r}. E.g. 0.")
-        self._others, self._prompts, where = load_prompt_table(config.path, config.prompt_column)
+        hub = HubSource(config.name, config.revision, config.train_split, "train_split")
+        self._others, self._prompts, where = load_prompt_table(config.path, config.prompt_column, source=hub)
         self.name = Path(where.split(" (+")[0]).stem or "prompts"  # the (first) file's stem
         self._column_names = list(self._others.column_names)
         self._train, self._held_out = self._split(where)
@@ -251,7 +305,9 @@ class DatasetSource(PromptSource):
 
     def _load_validation(self) -> list[PromptRecord]:
         if self.config.val_path is not None:
-            others, prompts, _ = load_prompt_table(self.config.val_path, self.config.prompt_column, "dataset.val_path")
+            c = self.config
+            hub = HubSource(c.name, c.revision, c.test_split, "test_split")
+            others, prompts, _ = load_prompt_table(c.val_path, c.prompt_column, "dataset.val_path", hub)
             return [self._make(i, 0, prompts, others) for i in range(len(prompts))]
         return [self._make(i, 0) for i in self._held_out]
 

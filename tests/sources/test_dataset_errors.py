@@ -30,7 +30,7 @@ def jsonl(tmp_path: Path, rows: list[Any], name: str = "bad.jsonl") -> Path:
 def test_a_missing_file_names_it_and_the_accepted_forms(tmp_path: Path) -> None:
     message = error_of(tmp_path / "nope.jsonl")
     assert "nope.jsonl not found" in message
-    assert "give a local .jsonl/.json/.parquet/.csv file or a save_to_disk directory" in message
+    assert "give a local .jsonl/.json/.parquet/.csv file, a save_to_disk directory or a hub data set id" in message
 
 
 def test_a_missing_file_in_a_list_is_named(write_rows: WriteRows, tmp_path: Path) -> None:

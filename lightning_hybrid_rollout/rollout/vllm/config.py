@@ -33,7 +33,8 @@ class VLLMEngineConfig:
     """Settings of one vLLM engine (mirrors the rollout part of the run config).
 
     Args:
-        model: Model directory (HF layout) or name.
+        model: Model directory (HF layout) or hub id (resolved on the engine's own node before it starts).
+        revision: Branch, tag or commit of a hub id ``model`` (None: its default branch).
         dtype: Model dtype; ``float32`` gives exact parity with a float32 transformers model.
         max_model_len: Longest prompt + response.
         kv_cache_memory_bytes: KV cache size (always bound it on CPU: the default takes most of the node's memory).
@@ -80,6 +81,7 @@ class VLLMEngineConfig:
     """
 
     model: str
+    revision: str | None = None
     dtype: str = "float32"
     max_model_len: int = 512
     kv_cache_memory_bytes: int = 256 * 2**20
@@ -157,6 +159,7 @@ def engine_kwargs_for(cfg: VLLMEngineConfig, on_cuda: bool | None = None) -> dic
     cuda = cfg.on_cuda if on_cuda is None else bool(on_cuda)
     kwargs: dict[str, Any] = {
         "model": cfg.model,
+        **({"revision": cfg.revision} if cfg.revision else {}),
         "dtype": cfg.dtype,
         "max_model_len": cfg.max_model_len,
         "enforce_eager": cfg.enforce_eager,
@@ -199,6 +202,7 @@ def engine_config_from_rollout(
     r = rollout
     return VLLMEngineConfig(
         model=str(r.model_path),
+        revision=r.model_revision,
         dtype=r.dtype,
         max_model_len=r.engine_max_model_len(),
         kv_cache_memory_bytes=r.kv_cache_memory_bytes,

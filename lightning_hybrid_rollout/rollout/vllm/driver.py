@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -127,6 +128,12 @@ class VLLMEngine(WeightUpdates):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.timings["import_vllm_s"] = time.perf_counter() - t_import
+        from lightning_hybrid_rollout.models.hub import resolve_model_path
+
+        # a hub id resolves on this replica's node (its HF cache), so the engine and the worker see a directory
+        self.config = dataclasses.replace(
+            self.config, model=resolve_model_path(self.config.model, self.config.revision), revision=None
+        )
         cfg = self.config
         os.environ.update(cfg.process_env())
         run_dir = Path(cfg.run_dir) if cfg.run_dir else Path(tempfile.gettempdir()) / "lhr-vllm"

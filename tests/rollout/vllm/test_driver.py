@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from vllm.logprobs import FlatLogprobs, Logprob
@@ -207,3 +208,29 @@ def test_a_gpu_engine_that_keeps_its_weights_releases_and_wakes_only_its_kv_cach
         assert engine.state == "active" and llm.calls == wake_calls
 
     asyncio.run(go())
+
+
+def test_a_hub_id_engine_starts_vllm_from_the_snapshot_directory_resolved_on_its_own_node(
+    tmp_path: Any, tiny_model_dir: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The replica resolves ``model`` + ``revision`` through its node's HF cache: vLLM (and the worker extension,
+    whose direct reload reads the checkpoint's files) gets a directory, not the id."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from tests.models.hub_cache import add_to_hub_cache
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    snapshot = add_to_hub_cache(tmp_path / "hf" / "hub", "lhr-test/tiny-llama", tiny_model_dir, revision="v1")
+    seen: dict[str, Any] = {}
+
+    def capture(args: Any, **kwargs: Any) -> Any:
+        seen.update(model=args.model, revision=args.revision)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(AsyncLLM, "from_engine_args", staticmethod(capture))
+    cfg = VLLMEngineConfig(model="lhr-test/tiny-llama", revision="v1", run_dir=str(tmp_path / "run"))
+    engine = VLLMEngine(cfg, "r0")
+    with pytest.raises(RuntimeError, match="stop here"):
+        engine._build()
+    assert seen == {"model": str(snapshot), "revision": None}
