@@ -1,4 +1,4 @@
-"""Typed, validated configuration with the seed's parameter names (design/scheduling.md §2).
+"""Typed, validated configuration with verl's parameter names (design/scheduling.md §2).
 
 :class:`AsyncTrainingConfig` (``async_training``, with the derived sample counts of :func:`derived_counts`),
 :class:`RolloutConfig` (``rollout``) and :class:`HybridRolloutConfig` (both, checked together). Every field's
@@ -319,7 +319,7 @@ class AsyncTrainingConfig(_ConfigBase):
 
     overlap_sync: bool = False
     """Decide the activation *before* the standalone weight sync and, if it will activate, wake and sync the hybrid
-    replicas concurrently with it. False = the seed's order: standalone sync, then decide."""
+    replicas concurrently with it. False = verl's order: standalone sync, then decide."""
 
     early_first_sync: bool = False
     """Also sync weights after the *first* optimizer step (a one-step first cycle), so the policy's first decision
@@ -331,7 +331,7 @@ class AsyncTrainingConfig(_ConfigBase):
     weights per node (CPU) or per engine (GPU) during the sync."""
 
     standalone_sync_mode: Literal["abort", "keep"] = "abort"
-    """What a standalone weight sync does with in-flight requests: ``abort`` (the seed's: they continue from their
+    """What a standalone weight sync does with in-flight requests: ``abort`` (verl's: they continue from their
     prefix, re-prefilled) or ``keep`` (frozen, and continued after the load in the same engine request, their KV
     recomputed by the new weights; the tokens after it are a new segment of the new version)."""
 
@@ -357,7 +357,7 @@ class AsyncTrainingConfig(_ConfigBase):
     """Samples per optimizer step (prompts × ``rollout.n``); must be a multiple of ``rollout.n``."""
 
     only_hybrid: bool = False
-    """Colocated mode (seed: rollout nnodes = 0): every replica is hybrid, no standalone replicas; the trainer's
+    """Colocated mode (verl: rollout nnodes = 0): every replica is hybrid, no standalone replicas; the trainer's
     devices alternate between rollout and training every cycle."""
 
     wait_timeout_s: float = 600.0
@@ -378,7 +378,7 @@ class AsyncTrainingConfig(_ConfigBase):
         c.real(
             "dynamic_schedule_deactivate_ratio",
             self.dynamic_schedule_deactivate_ratio,
-            "Use a fraction such as 0.3 (the seed default); 1.0 waits for the whole cycle's samples.",
+            "Use a fraction such as 0.3 (verl's default); 1.0 waits for the whole cycle's samples.",
             low=0.0,
             high=1.0,
             low_open=True,
@@ -393,16 +393,16 @@ class AsyncTrainingConfig(_ConfigBase):
         c.real(
             "staleness_threshold",
             self.staleness_threshold,
-            "Use 0 for no off-policy samples, or a small fraction such as 0.1 (the seed default).",
+            "Use 0 for no off-policy samples, or a small fraction such as 0.1 (verl's default).",
             low=0.0,
         )
         c.integer(
             "trigger_parameter_sync_step",
             self.trigger_parameter_sync_step,
             1,
-            "Sync weights every N >= 1 optimizer steps (seed default 4).",
+            "Sync weights every N >= 1 optimizer steps (verl's default: 4).",
         )
-        c.integer("require_batches", self.require_batches, 1, "Use 1 (the seed default) or more mini-batches per step.")
+        c.integer("require_batches", self.require_batches, 1, "Use 1 (verl's default) or more mini-batches per step.")
         c.boolean("partial_rollout", self.partial_rollout)
         c.integer(
             "mini_batch_size",
@@ -591,7 +591,7 @@ class RolloutConfig(_ConfigBase):
     Ignored for a local directory."""
 
     standalone_replicas: int = 1
-    """Always-on rollout replicas on dedicated devices (seed: rollout nodes). 0 with ``only_hybrid``."""
+    """Always-on rollout replicas on dedicated devices (verl: rollout nodes). 0 with ``only_hybrid``."""
 
     hybrid_replicas: int = 1
     """Rollout replicas sharing the trainer's devices, lent to rollout while the trainer waits."""
@@ -721,7 +721,7 @@ class RolloutConfig(_ConfigBase):
     deactivation_drain_s: float = 0.0
     """Drain budget in seconds when hybrid replicas are deactivated: requests expected to finish within it complete
     instead of being aborted (the others continue elsewhere from their prefix). The trainer waits meanwhile, so keep
-    it near the abort's own cost (e.g. 0.15). 0 = the seed's deactivation: abort everything at once."""
+    it near the abort's own cost (e.g. 0.15). 0 = verl's deactivation: abort everything at once."""
 
     def __post_init__(self) -> None:
         c = _Checker(self.SECTION)
@@ -742,7 +742,7 @@ class RolloutConfig(_ConfigBase):
             "concurrent_samples_per_replica",
             self.concurrent_samples_per_replica,
             1,
-            "Use a positive count such as 16 (the seed default).",
+            "Use a positive count such as 16 (verl's default).",
         )
         c.integer("n", self.n, 1, "Use the group size, e.g. 8 samples per prompt.")
         c.integer("response_length", self.response_length, 1, "Give the maximum new tokens per sample, e.g. 128.")
@@ -806,7 +806,7 @@ class RolloutConfig(_ConfigBase):
         c.real(
             "deactivation_drain_s",
             self.deactivation_drain_s,
-            "Use 0 (abort everything, the seed's deactivation) or a small budget such as 0.15 seconds.",
+            "Use 0 (abort everything, verl's deactivation) or a small budget such as 0.15 seconds.",
             low=0.0,
         )
         self._check_engine_fields(c)

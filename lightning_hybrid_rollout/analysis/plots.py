@@ -104,7 +104,7 @@ def plot_timeline(
     window: tuple[float, float] | None = None,
     cycles: int = 3,
 ) -> Path:
-    """Draw the seed-style resource-time layout of one run.
+    """Draw the resource-time layout (design/scheduling.md's figure) of one run.
 
     Args:
         trace: The run's trace.

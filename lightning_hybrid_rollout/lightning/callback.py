@@ -89,7 +89,7 @@ class HybridRolloutCallback(Callback):
 
     Starts Ray, the standalone and hybrid vLLM replicas, the rollouter and the message queue with the fit, feeds the
     module's ``training_step(self, dataloader_iter)`` from the queue, and drives the policy and the
-    :class:`~lightning_hybrid_rollout.schedule.DynamicResourceController` in the seed's per-step order.
+    :class:`~lightning_hybrid_rollout.schedule.DynamicResourceController` in verl's per-step order.
 
     Args:
         rollout: Rollout side: model, replicas, sampling (see :class:`~lightning_hybrid_rollout.config.RolloutConfig`).
@@ -747,7 +747,7 @@ class HybridRolloutCallback(Callback):
             # no standalone replica left: the hybrid replicas are the only ones that can generate
             forced_s = self._controller.activate(global_steps)
             end = dataclasses.replace(end, activated=True, activate_duration_s=forced_s)
-        if end.activated:  # activate, then (the seed's order) rebalance: both end by now
+        if end.activated:  # activate, then (verl's order) rebalance: both end by now
             t_rebalance = self._clock() - end.rebalance_duration_s
             t_sw = t_rebalance - end.activate_duration_s
             self._runtime.trace_phase("switching", t_sw, t_rebalance, op="activate")

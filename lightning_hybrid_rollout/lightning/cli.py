@@ -108,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         raise SystemExit(prepare_model_main(args[1:]))
     from lightning_hybrid_rollout.config import ConfigError
+    from lightning_hybrid_rollout.errors import HybridRolloutError
     from lightning_hybrid_rollout.lightning.config_check import config_paths, precheck_config_file
 
     try:
@@ -118,6 +119,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         cli_main(args)
     except ConfigError as err:
         print(f"lhr: invalid configuration: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except HybridRolloutError as err:
+        if not isinstance(err, ValueError):  # a failure while running keeps its traceback
+            raise
+        print(f"lhr: {err}", file=sys.stderr)  # bad input found at setup (data set, tools, environment, template)
         raise SystemExit(2) from None
     finally:
         close_process_group()

@@ -66,7 +66,7 @@ class OverlapReport:
 
     @property
     def saved_s(self) -> float:
-        """Seconds saved against the seed's order (standalone sync, then wake, then hybrid sync, one after another)."""
+        """Seconds saved against verl's order (standalone sync, then wake, then hybrid sync, one after another)."""
         return max(0.0, self.standalone_s + self.wake_s + self.hybrid_sync_s - self.wall_s)
 
 

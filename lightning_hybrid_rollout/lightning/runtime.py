@@ -558,7 +558,7 @@ class RolloutRuntime(RuntimeQueries):
         (the hybrid engines take the trainer's devices). Afterwards the pool is awake and holds ``version``, so the
         controller's activation only adds and resumes the replicas; if it does not activate, the caller puts them
         back to sleep. A failure of the hybrid half is logged and the replicas are put back to sleep (the
-        activation then takes the seed's path); a failure of the standalone sync raises.
+        activation then takes verl's path); a failure of the standalone sync raises.
 
         Args:
             weights: The trainer's full weights.

@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 # --------------------------------------------------------------------------------------------------------------
-# Metric names. The first seven are the seed's (§4) verbatim; the rest are ours.
+# Metric names. The first seven are verl's (design/scheduling.md §4) verbatim; the rest are ours.
 # --------------------------------------------------------------------------------------------------------------
 
 TRAIN_RESOURCE_UTILIZATION = "dynamic_resource/train_resource_utilization"
@@ -151,7 +151,7 @@ def safe_ratio(num: float, den: float) -> float:
 
 
 def train_compute_time(timing_raw: dict[str, float]) -> float:
-    """Training-compute seconds of one micro fit-step: the sum of the seed's compute keys (design/scheduling.md §4.1).
+    """Training-compute seconds of one micro fit-step: the sum of verl's compute keys (design/scheduling.md §4.1).
 
     Args:
         timing_raw: per-step timings keyed like verl's ``timing_raw``; keys outside

@@ -106,7 +106,7 @@ class ClusterResourceUtilization(Metric):
 
     Reduction: all six states are sums (``dist_reduce_fx="sum"``): train compute/allocated seconds, rollout
     busy/capacity weights, and hybrid wait/step seconds. ``compute()`` then takes ``U_train`` and ``U_rollout`` as
-    ratios of pooled sums, ``x = clip(Σwait / Σstep, 0, 1)`` on the pooled sums, and applies the seed formula with
+    ratios of pooled sums, ``x = clip(Σwait / Σstep, 0, 1)`` on the pooled sums, and applies verl's formula with
     the constructor's device counts (cluster constants, not reduced). A rank passes only what it measures: trainer
     ranks their timings, the rank hosting the rollouter its history; missing inputs count as 0.
 

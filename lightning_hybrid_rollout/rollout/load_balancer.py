@@ -150,7 +150,7 @@ class LoadBalancer:
             self._pool_changed()
 
     def resume_replicas(self, replica_ids: Iterable[str] | None = None) -> None:
-        """Let paused replicas accept requests again (the seed's ``resume_generation_replicas``).
+        """Let paused replicas accept requests again (verl's ``resume_generation_replicas``).
 
         Args:
             replica_ids: Ids to resume; ``None`` resumes all registered replicas.
@@ -176,7 +176,7 @@ class LoadBalancer:
     # ------------------------------------------------------------------ queries
 
     def active_server_count(self) -> int:
-        """Number of registered, alive replicas (paused ones included): the seed's ``get_active_server_count()``."""
+        """Number of registered, alive replicas (paused ones included): verl's ``get_active_server_count()``."""
         return sum(1 for e in self._entries.values() if e.state == "active" and _alive(e.replica))
 
     def routable_replica_ids(self) -> list[str]:
@@ -369,7 +369,7 @@ class LoadBalancer:
         """Drain-aware :meth:`abort_replicas`: requests that will finish within ``budget_s`` complete, the rest abort.
 
         A replica without a ``drain`` method is aborted. Then, like :meth:`abort_replicas`, it waits until every
-        request in flight at the call has been released. ``budget_s <= 0`` aborts everything at once (the seed's
+        request in flight at the call has been released. ``budget_s <= 0`` aborts everything at once (verl's
         deactivation). :meth:`remove_replicas` first, so retries land elsewhere.
 
         Args:

@@ -160,7 +160,7 @@ class MessageQueue:
     # ------------------------------------------------------------------ consumer side
 
     def size(self) -> int:
-        """Snapshot of the number of buffered samples (the seed's ``get_queue_size_sync()``)."""
+        """Snapshot of the number of buffered samples (verl's ``get_queue_size_sync()``)."""
         with self._lock:
             return len(self._items)
 

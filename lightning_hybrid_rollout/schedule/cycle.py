@@ -29,7 +29,7 @@ from lightning_hybrid_rollout.schedule.rate_matched_policy import RateScheduleCo
 
 __all__ = ["CycleEnd", "CycleLedger", "ProductionByRole", "RunShape", "Totals"]
 
-#: Extra cycle metrics (ours, beside the seed's §4 names in :mod:`lightning_hybrid_rollout.metrics.formulas`).
+#: Extra cycle metrics (ours, beside verl's §4 names in :mod:`lightning_hybrid_rollout.metrics.formulas`).
 DEACTIVATE_RATIO = "dynamic_resource/deactivate_ratio"
 PARAM_VERSION = "dynamic_resource/param_version"
 OFFLOAD_S = "dynamic_resource/offload_s"

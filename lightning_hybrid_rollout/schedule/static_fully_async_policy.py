@@ -1,7 +1,7 @@
 """The ``"static_fully_async"`` policy: plain fully-async, the baseline (design/scheduling.md §3.2).
 
 With standalone replicas the hybrid ones never help; with ``only_hybrid`` (colocated mode) they generate the whole
-cycle, as the seed promises (verl's code never activates there).
+cycle, as the specification promises (verl's code never activates there).
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ class OptionSet:
         name: Shown in the plan's ``options`` column.
         hybrid: The changes of a run with hybrid replicas.
         static: The changes of a run without (only the options that act on standalone replicas).
-        suffix: Appended to the run name (empty for the seed's set).
+        suffix: Appended to the run name (empty for the default set).
     """
 
     name: str

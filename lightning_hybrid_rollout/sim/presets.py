@@ -155,8 +155,8 @@ def _standalone_sufficient() -> dict:
     sc = _seed()
     sc.update(
         name="standalone_sufficient",
-        description="8 trainer devices + 24 rollout devices on the seed workload: standalone replicas outproduce "
-        "the trainer, hybrid help is never worth a switch (the seed's step 3)",
+        description="8 trainer devices + 24 rollout devices on verl's example workload: standalone replicas outproduce "
+        "the trainer, hybrid help is never worth a switch (design/scheduling.md step 3)",
         runs=[{"name": "static_8_24", "train_devices": 8, "rollout_devices": 24}, *_dynamic_runs(8, 24)],
     )
     return sc
@@ -166,7 +166,7 @@ def _agentic() -> dict:
     sc = _seed()
     sc.update(
         name="agentic",
-        description="the seed's cluster and split on multi-turn agentic episodes: 2-6 model turns each (per-turn "
+        description="verl's example cluster and split on multi-turn agentic episodes: 2-6 model turns each (per-turn "
         "lengths long-tailed, mean 1,600 tokens), a tool call of 1-3 s (log-normal, median 1.7 s) between turns "
         "whose 300-token result is trained over; an episode holds no decode capacity while its tool runs",
         lengths={"mean_tokens": 1600, "sigma": 0.9, "max_tokens": 8192, "drift_per_step": 0.0065, "prompt_tokens": 512},

@@ -163,7 +163,7 @@ class _Run:
     def _standalone_pause_s(self) -> float:
         """Seconds at the end of a standalone weight sync during which standalone replicas do not generate.
 
-        The whole sync with the seed's sync; with ``staged_standalone_sync`` only the commit (the weights are
+        The whole sync with verl's sync; with ``staged_standalone_sync`` only the commit (the weights are
         staged while the replicas keep generating, then loaded during a short pause).
         """
         sw = self.sc.costs
@@ -176,7 +176,7 @@ class _Run:
 
         With ``standalone_sync_aborts`` (the runtime's behaviour) their requests in flight are aborted here and
         re-sent with their prefix (partial rollout); they wait on the paused replicas and pay the re-prefill after
-        the load. This is the start of the sync with the seed's sequencing and the commit with
+        the load. This is the start of the sync with verl's sequencing and the commit with
         ``staged_standalone_sync`` (the replicas kept generating while the buckets were staged).
         """
         w = self.world

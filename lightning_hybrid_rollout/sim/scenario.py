@@ -426,12 +426,12 @@ class RunSpec:
       standalone sync, as verl does, and if it will activate, the hybrid wake-up and then the hybrid weight sync run
       concurrently with the standalone sync; the controller's activation then finds the replicas awake with current
       weights and only adds and resumes them.
-    * ``early_first_sync`` (runtime option, off = the seed's cadence): the first weight sync comes after the first
+    * ``early_first_sync`` (runtime option, off = verl's cadence): the first weight sync comes after the first
       micro fit-step instead of after ``trigger_parameter_sync_step`` of them, and the second after the
       ``trigger_parameter_sync_step``-th, so later syncs fall where they always do: the same micro-steps and one
       more sync (version). A policy that measures before it activates decides after one measured step instead of a
       whole cycle. The length model follows training progress (micro-steps), not versions.
-    * ``staged_standalone_sync`` (runtime option, off = the seed's sync, standalone generation paused for all of
+    * ``staged_standalone_sync`` (runtime option, off = verl's sync, standalone generation paused for all of
       ``switch.standalone_sync_s``): the weights are staged on the standalone replicas' side while they keep
       generating; they pause only for the last ``switch.standalone_commit_s`` of the sync to load them (the commit;
       with ``standalone_sync_aborts`` their requests are aborted there). The trainer is blocked for
@@ -450,7 +450,7 @@ class RunSpec:
             standalone replicas pause for their weight sync (``VLLMEngine.begin_weight_update`` →
             ``_abort_all``) their requests in flight are aborted and the rollouter re-sends them with their generated
             prefix (partial rollout), paying the re-prefill (``switch.resume_prefill_ratio``). The pause, and so the
-            abort, starts the sync with the seed's sequencing and comes at the commit with ``staged_standalone_sync``
+            abort, starts the sync with verl's sequencing and comes at the commit with ``staged_standalone_sync``
             (the replicas keep generating while the buckets are staged). Off: the pause keeps the requests (vLLM
             ``pause_generation(mode="keep")``), what ``standalone_sync_mode: keep`` does.
 
@@ -555,7 +555,7 @@ class RunSpec:
 
     @property
     def sync_aborts(self) -> bool:
-        """Whether the standalone weight sync aborts the requests in flight (re-prefilled afterwards): the seed's
+        """Whether the standalone weight sync aborts the requests in flight (re-prefilled afterwards): verl's
         ``standalone_sync_mode: abort`` with the fidelity option :attr:`standalone_sync_aborts` on; ``keep`` freezes
         them in place for the load instead (no re-prefill; the pause is the same load)."""
         return self.standalone_sync_aborts and self.config.standalone_sync_mode == "abort"

@@ -22,7 +22,7 @@ class PromptRecord:
     """One prompt drawn from a source.
 
     Args:
-        index: The row's position in its data set (a stable id); for toy tasks, the position in the seeded stream.
+        index: The row's position in its data set (a stable id); for toy tasks, the position in its seeded stream.
         prompt: Plain text, or chat messages ``[{"role": ..., "content": ...}, ...]``.
         columns: Every other column of the row; they reach reward functions as keyword arguments.
         epoch: The pass over the data set this record was drawn in (0 for endless streams).

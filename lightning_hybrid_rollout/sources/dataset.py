@@ -256,7 +256,7 @@ class DatasetSource(PromptSource):
 
     Raises:
         DatasetError: the file (or a row) cannot be used; the message names it and the fix.
-        ConfigError: the seed is negative.
+        ConfigError: the stream's seed is negative.
 
     Example::
 

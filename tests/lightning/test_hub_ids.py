@@ -77,9 +77,13 @@ def _config(run_dir: Path, model_id: str) -> dict[str, Any]:
     }
 
 
-def _lhr_fit(tmp_path: Path, hf_home: Path, model_id: str, timeout: int) -> subprocess.CompletedProcess[str]:
+def _lhr_fit(
+    tmp_path: Path, hf_home: Path, model_id: str, timeout: int, data: str = DATA_ID
+) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(_config(tmp_path / "run", model_id), sort_keys=False))
+    config = _config(tmp_path / "run", model_id)
+    config["trainer"]["callbacks"][0]["init_args"]["dataset"] = {"path": data, "val_path": data}
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("HF_HUB_CACHE", None)
     return subprocess.run(
@@ -115,3 +119,11 @@ def test_a_missing_hub_id_stops_the_fit_in_one_line_before_anything_starts(hf_ho
     assert "is no local path" in lines[0] and "hf download lhr-test/absent" in lines[0]
     assert "Traceback" not in proc.stderr and "Started a local Ray instance" not in proc.stderr
     assert not (tmp_path / "run" / "trace.json").exists()
+
+
+def test_a_missing_data_file_stops_the_fit_in_one_line_not_a_traceback(hf_home: Path, tmp_path: Path) -> None:
+    proc = _lhr_fit(tmp_path, hf_home, MODEL_ID, timeout=300, data="data/absent.jsonl")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    (line,) = [ln for ln in proc.stderr.splitlines() if "absent.jsonl" in ln]
+    assert line.startswith("lhr: dataset.path: ") and "not found" in line
