@@ -388,6 +388,10 @@ class RolloutRuntime(RuntimeQueries):
         sup = self.supervisor
         if sup is None:
             return
+        # a replacement up but waiting for this version's weights may die there too: a failed start, retried
+        for replica, why in self.loop.run(sup.find_failed(self._joining, probe=probe)):
+            self._joining.remove(replica)
+            self.loop.call(lambda r=replica, w=why: sup.failed_to_join(r, ReplicaFailureError(w)))
         failed = self.loop.run(sup.find_failed([*self.standalone, *self.hybrid], probe=probe))
         for replica, why in failed:
             for role_list in (self.standalone, self.hybrid):

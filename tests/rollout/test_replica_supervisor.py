@@ -188,3 +188,35 @@ def test_max_restarts_zero_never_replaces(max_restarts: int) -> None:
 
     sup = run(go())
     assert sup.abandoned == {"standalone-0"} and sup.starting == []
+
+
+def test_a_replacement_that_dies_while_waiting_to_join_is_started_again_and_counted_once_it_joins() -> None:
+    """RolloutRuntime.supervise: a replacement up but deferred (no weights of this version yet) that dies there
+    leaves the joining list, counts as a failed start and is launched again; the next one joins and counts."""
+    from lightning_hybrid_rollout.lightning.runtime import RolloutRuntime
+    from lightning_hybrid_rollout.rollout.event_loop import EventLoopThread
+
+    started: list[FakeReplica] = []
+
+    async def start(spec: Spec) -> FakeReplica:
+        started.append(FakeReplica(spec))
+        return started[-1]
+
+    rt = RolloutRuntime.__new__(RolloutRuntime)
+    rt.loop, rt.supervisor = EventLoopThread(), ReplicaSupervisor(start, max_restarts=3)
+    rt.standalone, rt.hybrid, rt._joining, rt.rollouter, rt._trace = [], [], [], None, None
+    try:
+        deferred = FakeReplica(Spec("s-0", generation=1))
+        rt._joining.append(deferred)  # up, waiting for weights of version 3 (none at hand)
+        rt.hybrid.append(FakeReplica(Spec("h-0", role="hybrid")))
+        deferred.health_mode = "dead-known"  # kill -9 while it waits
+        rt.supervise(None, 3, probe=False)
+        assert deferred not in rt._joining and deferred.killed
+        assert [e.kind for e in rt.supervisor.events] == ["start_failed", "restarting"]
+        assert started and started[-1].spec.generation == 2  # launched again (already up: deferred in turn)
+        rt.loop.run(rt.supervisor.wait_any(5.0))
+        rt.supervise(None, 0, probe=False)  # version 0: the weights on disk are current, it joins
+        assert [r.replica_id for r in rt.standalone] == ["s-0"] and rt.standalone[0] is started[-1]
+        assert rt.supervisor.restarts == 1 and started[-1].spec.generation == 2
+    finally:
+        rt.loop.close()
