@@ -272,8 +272,10 @@ class GRPOModule(LightningModule):
 
         With the callback's validation set (:class:`~lightning_hybrid_rollout.lightning.validation.ValidationSet`):
         up to ``rollout.response_length`` tokens, the run's stop tokens, ``val_n`` samples per prompt; the epoch's
-        ``val/reward``, ``val/pass@1``, ``val/pass@<n>`` are logged at its end. With ``val_task``: greedy answers of
-        8 tokens scored by the task's reward (``val/reward``).
+        ``val/reward``, ``val/pass@1``, ``val/pass@<n>`` are logged at its end. An agentic run's set
+        (:class:`~lightning_hybrid_rollout.lightning.validation.EpisodeValidationSet`) plays each prompt as one
+        whole greedy episode against the run's environment and tools (``val/episode_reward``, ``val/turns``). With
+        ``val_task``: greedy answers of 8 tokens scored by the task's reward (``val/reward``).
 
         Args:
             batch: ``ValidationItem`` s, or ``{"prompt": str, "metadata": dict}`` items for ``val_task``.
@@ -312,13 +314,12 @@ class GRPOModule(LightningModule):
         results = getattr(self, "_val_results", [])
         if not results:
             return
-        from lightning_hybrid_rollout.lightning.validation import ValidationResult
-
-        total = ValidationResult.combine(results, n=results[0].n)
+        result_type = type(results[0])  # ValidationResult, or EpisodeValidationResult for an agentic run
+        total = result_type.combine(results, n=results[0].n)
         if torch.distributed.is_available() and torch.distributed.is_initialized():  # each rank saw other batches
             parts: list[Any] = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(parts, total)
-            total = ValidationResult.combine(parts, n=total.n)
+            total = result_type.combine(parts, n=total.n)
         self.log_dict(total.metrics(), rank_zero_only=True, prog_bar=False)
         self._val_results = []
 
