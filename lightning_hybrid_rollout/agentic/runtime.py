@@ -298,9 +298,11 @@ class EpisodeDriver:
             episode.add_model_turn(ids, logprobs, st.versions[v0:], starts)
         else:
             episode.finish("max_episode_tokens")
-        if episode.done:
-            return await self._end(st, live)
         text = episode.messages[-1].get("content") or ""
+        if episode.done:
+            if episode.stop_reason == "max_turns" and isinstance(live.env, GymEnvironment):
+                await self._answer(live, text)  # the last action is stepped too (its reward counts), nothing appended
+            return await self._end(st, live)
         messages = await self._answer(live, text)
         if episode.done or not messages:
             return await self._end(st, live)

@@ -169,8 +169,19 @@ def test_an_episode_that_never_finds_the_answer_runs_to_max_turns_and_its_penalt
     result = validate(EpisodeValidationSet.from_workload(workload, limit=2), TurnScriptedLM(tok, ["1"]))
     metrics = result.metrics()
     assert metrics[VAL_TURNS] == 3.0 and metrics["val/pass@1"] == 0.0
-    # the environment is stepped after each model turn but the last (the run's budget ends the episode there)
-    assert metrics[VAL_EPISODE_REWARD] == pytest.approx(2 * -0.25)
+    # the environment steps every model turn, the last one too (the budget ends the episode after its step)
+    assert metrics[VAL_EPISODE_REWARD] == pytest.approx(3 * -0.25)
+    workload.close()
+
+
+def test_an_answer_found_on_the_last_allowed_turn_is_stepped_and_rewarded(tok: Any) -> None:
+    """EpisodeDriver.after_turn (training's too): a Gymnasium episode that reaches max_turns steps its last action,
+    so the third of three guesses can still win (it scored 0 while the last turn went unstepped)."""
+    workload = agentic_workload(tok, max_turns=3, environment_kwargs={"secret": 3})
+    result = validate(EpisodeValidationSet.from_workload(workload, limit=2), TurnScriptedLM(tok, ["1", "2", "3"]))
+    metrics = result.metrics()
+    assert metrics[VAL_TURNS] == 3.0 and metrics[VAL_EPISODE_REWARD] == 1.0
+    assert metrics["val/tool_calls"] == 6.0  # 2 episodes: every turn of each reached the environment
     workload.close()
 
 
