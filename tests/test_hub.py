@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from lightning_hybrid_rollout.errors import ConfigError
-from lightning_hybrid_rollout.models.hub import is_hub_id, resolve_dataset_path, resolve_model_path
+from lightning_hybrid_rollout.hub import is_hub_id, resolve_dataset_path, resolve_model_path
 from lightning_hybrid_rollout.models.model_path import model_path_problems
-from tests.models.hub_cache import add_to_hub_cache
+from tests.hub_cache import add_to_hub_cache
 
 MODEL_ID = "lhr-test/tiny-llama"
 

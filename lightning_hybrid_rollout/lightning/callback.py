@@ -29,6 +29,7 @@ from lightning_hybrid_rollout.config import (
     validate_run_config,
 )
 from lightning_hybrid_rollout.errors import ReplicaFailureError
+from lightning_hybrid_rollout.hub import resolve_model_path
 from lightning_hybrid_rollout.lightning.cycle_report import CycleReport, peak_rss_bytes
 from lightning_hybrid_rollout.lightning.lora import check_adapter_sync, check_lora_targets, engine_lora_config
 from lightning_hybrid_rollout.lightning.overlap import OverlapSync
@@ -42,7 +43,6 @@ from lightning_hybrid_rollout.lightning.workload import (
     fit_episode_budget,
     load_workload,
 )
-from lightning_hybrid_rollout.models.hub import resolve_model_path
 from lightning_hybrid_rollout.models.model_path import take_model_path
 from lightning_hybrid_rollout.models.run_model import ensure_run_model
 from lightning_hybrid_rollout.redaction import redact_logger_hyperparams

@@ -239,7 +239,7 @@ class RolloutRuntime(RuntimeQueries):
             r.engine_kwargs or r.max_model_len is not None or r.enable_prefix_caching is not None or self.lora
         ) and (r.tensor_parallel_size == 1):
             return
-        from lightning_hybrid_rollout.models.hub import resolve_model_path
+        from lightning_hybrid_rollout.hub import resolve_model_path
         from lightning_hybrid_rollout.rollout.vllm.config import engine_kwargs_for
         from lightning_hybrid_rollout.rollout.vllm.engine_args import check_engine_args
 

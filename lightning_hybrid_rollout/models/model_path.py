@@ -1,4 +1,4 @@
-"""The one model of a run (a directory or a hub id, :mod:`.hub`): checked before anything starts.
+"""The one model of a run (a directory or a hub id, see ``hub.py``): checked before anything starts.
 
 The trainer's module and the rollout engines must start from the same weights, so a run names its model directory
 once, in ``rollout.model_path`` (the module takes it from there when its own ``model_path`` is left out), and a
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_hybrid_rollout.errors import ConfigError
-from lightning_hybrid_rollout.models.hub import is_hub_id
+from lightning_hybrid_rollout.hub import is_hub_id
 
 ROLLOUT_KEY = "rollout.model_path"
 MODULE_KEY = "model.init_args.model_path"

@@ -1,5 +1,5 @@
 """Prompts from a data file or a hub data set: :class:`DatasetSource`, a shuffled, epoch-counted, checkpointable row
-stream loaded by Hugging Face ``datasets`` (a hub id through the hub's cache, ``models/hub.py``; no ``datasets``
+stream loaded by Hugging Face ``datasets`` (a hub id through the hub's cache, ``hub.py``; no ``datasets``
 cache left behind), every row checked before the first is drawn (docs/workloads.md).
 """
 
@@ -97,7 +97,7 @@ def _load_files(files: list[Path], key: str) -> Any:
 
 def _load_hub(repo_id: str, key: str, source: HubSource) -> Any:
     """The ``source.split`` split of hub data set ``repo_id`` (its snapshot in the hub cache, fetched if need be)."""
-    from lightning_hybrid_rollout.models.hub import resolve_dataset_path
+    from lightning_hybrid_rollout.hub import resolve_dataset_path
 
     local = resolve_dataset_path(repo_id, source.revision, key)
     cache = tempfile.mkdtemp(prefix="lhr-datasets-")
@@ -147,7 +147,7 @@ def _display(paths: list[Path]) -> str:
 
 def _load(path: str | list[str], key: str, source: HubSource | None = None) -> tuple[Any, str]:
     """The ``datasets.Dataset`` at ``path`` (a file, a list of files, a save_to_disk dir, a hub id) and its name."""
-    from lightning_hybrid_rollout.models.hub import is_hub_id
+    from lightning_hybrid_rollout.hub import is_hub_id
 
     source = source or HubSource()
     if isinstance(path, str) and is_hub_id(path):

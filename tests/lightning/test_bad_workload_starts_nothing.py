@@ -63,7 +63,7 @@ CASES: dict[str, tuple[Callable[[Path], Inputs], type[HybridRolloutError], list[
     "missing_data_file": (
         lambda d: ({"path": str(d / "nope.jsonl")}, ["exact_match"]),
         DatasetError,
-        ["nope.jsonl not found", "give a local .jsonl/.json/.parquet/.csv file or a save_to_disk directory"],
+        ["nope.jsonl not found", "give a local .jsonl/.json/.parquet/.csv file, a save_to_disk directory or a hub"],
     ),
     "unknown_format": (
         lambda d: ({"path": write_text(d / "prompts.txt", "1+1=\n")}, ["exact_match"]),

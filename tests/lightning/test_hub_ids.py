@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.models.hub_cache import add_to_hub_cache
+from tests.hub_cache import add_to_hub_cache
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_ID, DATA_ID = "lhr-test/tiny-llama", "lhr-test/sums"

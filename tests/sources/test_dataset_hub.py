@@ -10,7 +10,7 @@ import pytest
 from lightning_hybrid_rollout.errors import DatasetError
 from lightning_hybrid_rollout.sources.config import DatasetConfig
 from lightning_hybrid_rollout.sources.dataset import DatasetSource
-from tests.models.hub_cache import add_to_hub_cache
+from tests.hub_cache import add_to_hub_cache
 
 DATA_ID = "lhr-test/sums"
 

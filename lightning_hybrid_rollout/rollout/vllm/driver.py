@@ -128,7 +128,7 @@ class VLLMEngine(WeightUpdates):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.timings["import_vllm_s"] = time.perf_counter() - t_import
-        from lightning_hybrid_rollout.models.hub import resolve_model_path
+        from lightning_hybrid_rollout.hub import resolve_model_path
 
         # a hub id resolves on this replica's node (its HF cache), so the engine and the worker see a directory
         self.config = dataclasses.replace(

@@ -217,7 +217,7 @@ def test_a_hub_id_engine_starts_vllm_from_the_snapshot_directory_resolved_on_its
     whose direct reload reads the checkpoint's files) gets a directory, not the id."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from tests.models.hub_cache import add_to_hub_cache
+    from tests.hub_cache import add_to_hub_cache
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
