@@ -125,7 +125,7 @@ from lightning_hybrid_rollout.sim.calibrate import (
     calibrate_run,
     find_config,
 )
-from lightning_hybrid_rollout.sim.calibration import CPU_2CORE
+from lightning_hybrid_rollout.sim.calibration import SHARED_2VCPU
 from lightning_hybrid_rollout.sim.scenario import RUN_KEYS, Scenario
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, also when loaded by file path (tests)
@@ -134,7 +134,7 @@ from machine_speed import STEADY_TOLERANCE, counted_rounds, probe_spread
 STATIC = "static_fully_async"
 DYNAMIC = "rate_matched"
 #: The host the real runs run on (cpu_miniature's 2 vCPUs): its figures where none is given.
-HOST = CPU_2CORE
+HOST = SHARED_2VCPU
 #: The workload keys both runs must share (else one cannot predict the other).
 _WORKLOAD = ("mini_batch_size", "require_batches", "trigger_parameter_sync_step", "staleness_threshold")
 

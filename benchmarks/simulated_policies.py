@@ -1,13 +1,14 @@
 """Compare the scheduling policies on the simulator's presets; the last line is ``speedup: X``.
 
-``X`` = dynamic_default time / rate_matched time on the ``seed`` preset, both with the seed's sequencing (the policy
-alone). The table also shows the ``overlap_sync`` sequencing (a runtime change, see docs/simulator.md) and each
-run's efficiency against the balance bound, and per preset our best run with hybrid replicas against verl v1's
-switch rule (``dynamic_hysteresis_ratio``), both efficiencies.
+``X`` = dynamic_default time / rate_matched time on the ``verl_32_devices`` preset, both with the ``sequential``
+sequencing (the policy alone). The table also shows the ``overlap_sync`` sequencing (a runtime change, see
+docs/simulator.md) and each run's efficiency against the balance bound, and per preset our best run with hybrid
+replicas against verl v1's switch rule (``dynamic_hysteresis_ratio``), both efficiencies.
 
 Usage::
 
-    python benchmarks/simulated_policies.py [--presets seed,rollout_bound,drifting,standalone_sufficient,agentic]
+    python benchmarks/simulated_policies.py \\
+        [--presets verl_32_devices,rollout_bound,drifting,standalone_sufficient,agentic]
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ def main() -> None:
     parser.add_argument("--presets", default=",".join(preset_names()), help="comma-separated preset names")
     args = parser.parse_args()
     presets = [p for p in args.presets.split(",") if p]
-    if "seed" not in presets:
-        presets.append("seed")
+    if "verl_32_devices" not in presets:
+        presets.append("verl_32_devices")
     speedup = None
     for name in presets:
         start = time.perf_counter()
@@ -43,7 +44,7 @@ def main() -> None:
                 f"  best: {best.name} ({best.policy}) eff {best.efficiency:.3f} vs verl v1's rule "
                 f"({verl.name}) eff {verl.efficiency:.3f}"
             )
-        if name == "seed":
+        if name == "verl_32_devices":
             speedup = default.time_s / result.run("dynamic_rate_matched").time_s
             closed = (result.run("dynamic_rate_matched_overlap").efficiency - default.efficiency) / (
                 1 - default.efficiency

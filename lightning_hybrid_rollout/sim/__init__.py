@@ -8,7 +8,7 @@ Example::
 
     from lightning_hybrid_rollout.sim import get_preset, simulate
 
-    result = simulate(get_preset("seed"))
+    result = simulate(get_preset("verl_32_devices"))
     best = min(result.runs, key=lambda r: r.time_s)
 """
 

@@ -175,7 +175,7 @@ def calibrate(
             standalone replicas' (default: the host's, else :data:`HYBRID_SPEED_RATIO`); ignored when the run
             measured it.
         host: The host the run ran on: a :class:`~lightning_hybrid_rollout.sim.calibration.HostPreset` or its name
-            (``"cpu_2core"``), whose figures stand in for ``hybrid_speed_ratio`` and the conversion factor of
+            (``"shared_2vcpu"``), whose figures stand in for ``hybrid_speed_ratio`` and the conversion factor of
             :meth:`Calibration.scenario_for` where none is given (None: 1.0 each, no slowdown assumed).
 
     Raises:

@@ -12,19 +12,21 @@ from __future__ import annotations
 import dataclasses
 import os
 import statistics
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lightning_hybrid_rollout.errors import CalibrationError
+from lightning_hybrid_rollout.sim.renames import HOST_PRESET_RENAMES, deprecation_message, resolve
 from lightning_hybrid_rollout.sim.scenario import RunSpec, Scenario, ScenarioError
 
 __all__ = [
-    "CPU_2CORE",
     "HOST_PRESETS",
     "HYBRID_SPEED_RATIO",
     "NOT_MEASURED",
+    "SHARED_2VCPU",
     "STANDALONE_SPEED_WITH_HYBRID",
     "Calibration",
     "FitLog",
@@ -36,7 +38,7 @@ __all__ = [
 #: A run whose hybrid replicas never served (a static run) cannot measure their speed: their ``tokens_per_s`` is
 #: assumed this fraction of the standalone replicas' (``ρ``: per replica, relative to their average rate). The
 #: library default, 1.0, assumes a hybrid replica decodes as fast as a standalone one (devices of its own); a host
-#: where it shares the trainer's cores names its :class:`HostPreset` (``cpu_2core``: 0.71) or gives its figure
+#: where it shares the trainer's cores names its :class:`HostPreset` (``shared_2vcpu``: 0.71) or gives its figure
 #: (``calibrate(..., hybrid_speed_ratio=)``; a dynamic run's fitted ``hybrid_replica.tokens_per_s`` over
 #: ``replica.tokens_per_s``, ``lhr simulate --from-run RUN --fit-only``).
 HYBRID_SPEED_RATIO = 1.0
@@ -44,7 +46,7 @@ HYBRID_SPEED_RATIO = 1.0
 #: speed beside an idle one: the factor :meth:`Calibration.scenario_for` converts their rate by between a static run
 #: and one whose hybrid replicas serve, in both directions. The library default, 1.0, assumes the rollout devices
 #: share nothing with the trainer's (a GPU of their own); a host where they share caches and memory bandwidth names
-#: its :class:`HostPreset` (``cpu_2core``: 0.91) or gives its figure (``scenario_for(...,
+#: its :class:`HostPreset` (``shared_2vcpu``: 0.91) or gives its figure (``scenario_for(...,
 #: standalone_speed_with_hybrid=)``).
 STANDALONE_SPEED_WITH_HYBRID = 1.0
 #: The source of a number the run did not record.
@@ -66,28 +68,38 @@ class HostPreset:
     """The host the figures were measured on."""
 
 
-#: The 2-vCPU CPU host of the CPU miniature (``benchmarks/cpu_miniature.py``), where the hybrid replica shares the
+#: A shared 2-vCPU host, the CPU miniature's (``benchmarks/cpu_miniature.py``), where the hybrid replica shares the
 #: trainer's core and the standalone replica shares its caches: ρ 0.71 is the median of its 37 ``rate_matched`` runs
 #: (quartiles 0.68-0.74), 0.91 the median ``replica.speed_while_training`` of its 52 static runs (quartiles 0.87-0.94;
-#: docs/simulator.md, "The machine's two figures").
-CPU_2CORE = HostPreset(
-    name="cpu_2core",
+#: docs/simulator.md, "The machine's two figures"). Its old name ``cpu_2core`` (and ``CPU_2CORE``) is a deprecated
+#: alias (:data:`~lightning_hybrid_rollout.sim.renames.HOST_PRESET_RENAMES`).
+SHARED_2VCPU = HostPreset(
+    name="shared_2vcpu",
     hybrid_speed_ratio=0.71,
     standalone_speed_with_hybrid=0.91,
     description="2 vCPUs: the trainer and the hybrid replica on one core, the standalone replica on the other",
 )
 #: The named host presets.
-HOST_PRESETS: dict[str, HostPreset] = {p.name: p for p in (CPU_2CORE,)}
+HOST_PRESETS: dict[str, HostPreset] = {p.name: p for p in (SHARED_2VCPU,)}
+
+
+def __getattr__(name: str) -> Any:
+    """``CPU_2CORE``: the deprecated name of :data:`SHARED_2VCPU` (one release)."""
+    if name == "CPU_2CORE":
+        warnings.warn(deprecation_message("name", name, "SHARED_2VCPU"), DeprecationWarning, stacklevel=2)
+        return SHARED_2VCPU
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def get_host_preset(name: str) -> HostPreset:
-    """The host preset called ``name``.
+    """The host preset called ``name`` (an old name of
+    :data:`~lightning_hybrid_rollout.sim.renames.HOST_PRESET_RENAMES`: its new one, with a :class:`DeprecationWarning`).
 
     Raises:
         CalibrationError: No such preset.
     """
     try:
-        return HOST_PRESETS[name]
+        return HOST_PRESETS[resolve("host preset", name, HOST_PRESET_RENAMES)]
     except KeyError:
         raise CalibrationError(
             f"unknown host preset {name!r}; known: {', '.join(sorted(HOST_PRESETS))} (or give the figures: "

@@ -5,7 +5,7 @@ Example::
 
     from lightning_hybrid_rollout.sim.cli import simulate_main
 
-    simulate_main(["--preset", "seed", "--json"])
+    simulate_main(["--preset", "verl_32_devices", "--json"])
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import json
 import logging
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from lightning_hybrid_rollout.sim.calibration import (
@@ -26,6 +26,12 @@ from lightning_hybrid_rollout.sim.calibration import (
     Calibration,
 )
 from lightning_hybrid_rollout.sim.presets import get_preset, preset_names
+from lightning_hybrid_rollout.sim.renames import (
+    HOST_PRESET_RENAMES,
+    OPTION_SET_RENAMES,
+    PRESET_RENAMES,
+    deprecation_message,
+)
 from lightning_hybrid_rollout.sim.runner import (
     BREAKDOWN_HELP,
     BREAKDOWN_KEYS,
@@ -43,6 +49,23 @@ logger = logging.getLogger(__name__)
 __all__ = ["plan_main", "simulate_main"]
 
 
+def _renamed(kind: str, renames: Mapping[str, str]) -> Callable[[str], str]:
+    """An argparse ``type``: the value (comma-separated names) with each old name of ``renames`` replaced by its new
+    one, logged as deprecated (a command line does not show a library's :class:`DeprecationWarning`)."""
+
+    def convert(value: str) -> str:
+        names = []
+        for name in value.split(","):
+            new = renames.get(name.strip())
+            if new is not None:
+                logger.warning(deprecation_message(kind, name.strip(), new))
+            names.append(new or name)
+        return ",".join(names)
+
+    convert.__name__ = kind  # argparse's "invalid <type> value" names it
+    return convert
+
+
 def _simulate_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="lhr simulate",
@@ -50,7 +73,9 @@ def _simulate_parser() -> argparse.ArgumentParser:
         "real controller and policies; report time, efficiency against the balance bound and where the time went.",
     )
     p.add_argument("scenario", nargs="?", help="scenario YAML file (or use --preset)")
-    p.add_argument("--preset", help=f"a built-in scenario: {', '.join(preset_names())}")
+    p.add_argument(
+        "--preset", type=_renamed("preset", PRESET_RENAMES), help=f"a built-in scenario: {', '.join(preset_names())}"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
     p.add_argument("--gap", action="store_true", help="also print where the time beyond the balance bound went")
@@ -59,7 +84,9 @@ def _simulate_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="override the scenario's number of param versions")
     p.add_argument("--seed", type=int, help="override the scenario's random seed")
     p.add_argument("--list-presets", action="store_true", help="list the presets and exit")
-    p.add_argument("--dump-preset", metavar="NAME", help="print a preset as YAML and exit")
+    p.add_argument(
+        "--dump-preset", metavar="NAME", type=_renamed("preset", PRESET_RENAMES), help="print a preset as YAML and exit"
+    )
     p.add_argument(
         "--from-run",
         metavar="RUN_DIR",
@@ -75,6 +102,7 @@ def _simulate_parser() -> argparse.ArgumentParser:
 def _add_host_preset(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--host-preset",
+        type=_renamed("host preset", HOST_PRESET_RENAMES),
         choices=sorted(HOST_PRESETS),
         help="with --from-run: the figures of the host the run ran on where none is given (hybrid_speed_ratio, "
         "standalone_speed_with_hybrid; default: 1.0 each, no slowdown assumed): "
@@ -311,7 +339,9 @@ def _plan_parser() -> argparse.ArgumentParser:
         "--from-run", metavar="RUN_DIR", help="fit the workload to a real run (lhr simulate --from-run)"
     )
     source.add_argument("--scenario", metavar="FILE", help="a scenario YAML file (its runs: are ignored)")
-    source.add_argument("--preset", help=f"a built-in scenario: {', '.join(preset_names())}")
+    source.add_argument(
+        "--preset", type=_renamed("preset", PRESET_RENAMES), help=f"a built-in scenario: {', '.join(preset_names())}"
+    )
     p.add_argument("--devices", type=int, required=True, metavar="N", help="devices to split (trainer + rollout)")
     p.add_argument("--top", type=int, metavar="K", help="show the K fastest (table default 10; --json default all)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -319,7 +349,11 @@ def _plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="DIR", help="write the best plan's (and the best static split's) traces and PNGs")
     p.add_argument("--jobs", type=int, default=1, metavar="J", help="simulate in J worker processes (default 1)")
     p.add_argument("--policies", help="comma-separated policies to try with hybrid replicas (default: all registered)")
-    p.add_argument("--options", help="comma-separated runtime-option sets (default: all of sim.plan.OPTION_SETS)")
+    p.add_argument(
+        "--options",
+        type=_renamed("option set", OPTION_SET_RENAMES),
+        help="comma-separated runtime-option sets (default: all of sim.plan.OPTION_SETS)",
+    )
     p.add_argument("--steps", type=int, help="override the scenario's number of param versions (sync cycles)")
     p.add_argument("--model-gb", type=float, help="with --sync-gbps: standalone weight sync = model-gb x 8 / sync-gbps")
     p.add_argument("--sync-gbps", type=float, help="trainer -> standalone replica bandwidth, Gbit/s (with --model-gb)")

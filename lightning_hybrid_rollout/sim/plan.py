@@ -7,7 +7,7 @@ Example::
     from lightning_hybrid_rollout.sim import get_preset
     from lightning_hybrid_rollout.sim.plan import plan
 
-    result = plan(get_preset("seed"), 32, jobs=2)
+    result = plan(get_preset("verl_32_devices"), 32, jobs=2)
     best = result.rows[0]
     print(best.name, best.time_s / 3600, best.efficiency, best.speedup_vs_static)
 """
@@ -25,6 +25,7 @@ from typing import Any
 from lightning_hybrid_rollout.errors import HybridRolloutError, PlanError
 from lightning_hybrid_rollout.schedule import available_policies, policy_starting_ratio
 from lightning_hybrid_rollout.sim.calibration import Calibration
+from lightning_hybrid_rollout.sim.renames import OPTION_SET_RENAMES, resolve
 from lightning_hybrid_rollout.sim.results import RunResult
 from lightning_hybrid_rollout.sim.runner import run_once
 from lightning_hybrid_rollout.sim.scenario import RunSpec, Scenario
@@ -68,10 +69,12 @@ class OptionSet:
     suffix: str
 
 
-#: The runtime-option sets every split and policy is simulated with (see the module docstring for why two).
+#: The runtime-option sets every split and policy is simulated with (see the module docstring for why two):
+#: ``defaults``, every runtime option off (the config's defaults, rebalance on; its old name ``seed`` is a deprecated
+#: alias, :data:`~lightning_hybrid_rollout.sim.renames.OPTION_SET_RENAMES`), and ``all``.
 OPTION_SETS: dict[str, OptionSet] = {
-    "seed": OptionSet(
-        "seed",
+    "defaults": OptionSet(
+        "defaults",
         hybrid={
             "overlap_sync": False,
             "early_first_sync": False,
@@ -104,6 +107,7 @@ def _option_sets(names: Iterable[str] | None) -> list[OptionSet]:
         return list(OPTION_SETS.values())
     out = []
     for name in names:
+        name = resolve("option set", name, OPTION_SET_RENAMES, stacklevel=4)
         if name not in OPTION_SETS:
             raise PlanError(f"unknown option set {name!r}; option sets: {', '.join(OPTION_SETS)}")
         out.append(OPTION_SETS[name])

@@ -10,15 +10,17 @@ import copy
 from collections.abc import Callable
 
 from lightning_hybrid_rollout.schedule import policy_starting_ratio
+from lightning_hybrid_rollout.sim.renames import PRESET_RENAMES, resolve
 from lightning_hybrid_rollout.sim.scenario import Scenario
 
 __all__ = ["PRESETS", "get_preset", "preset_names"]
 
 
-def _seed() -> dict:
+def _verl_32_devices() -> dict:
     return {
-        "name": "seed",
-        "description": "32 devices, static 16+16 and 8+24 vs dynamic 16+16 with hybrid replicas (scheduling.md §5)",
+        "name": "verl_32_devices",
+        "description": "verl's 32-device experiment: static 16+16 and 8+24 vs dynamic 16+16 with hybrid replicas "
+        "(scheduling.md §5)",
         "steps": 40,
         "async_training": {"mini_batch_size": 128, "trigger_parameter_sync_step": 4, "staleness_threshold": 0.5},
         "concurrent_samples_per_replica": 16,
@@ -119,7 +121,7 @@ def _dynamic_runs(train: int, rollout: int) -> list[dict]:
 
 
 def _drifting() -> dict:
-    sc = _seed()
+    sc = _verl_32_devices()
     sc.update(
         name="drifting",
         description="the common RL length curve on a rollout-heavy split (24 trainer + 8 rollout devices): long "
@@ -141,7 +143,7 @@ def _drifting() -> dict:
 
 
 def _rollout_bound() -> dict:
-    sc = _seed()
+    sc = _verl_32_devices()
     sc.update(
         name="rollout_bound",
         description="24 trainer devices + 8 rollout devices: standalone replicas alone produce a third of what the "
@@ -152,7 +154,7 @@ def _rollout_bound() -> dict:
 
 
 def _standalone_sufficient() -> dict:
-    sc = _seed()
+    sc = _verl_32_devices()
     sc.update(
         name="standalone_sufficient",
         description="8 trainer devices + 24 rollout devices on verl's example workload: standalone replicas outproduce "
@@ -163,7 +165,7 @@ def _standalone_sufficient() -> dict:
 
 
 def _agentic() -> dict:
-    sc = _seed()
+    sc = _verl_32_devices()
     sc.update(
         name="agentic",
         description="verl's example cluster and split on multi-turn agentic episodes: 2-6 model turns each (per-turn "
@@ -190,7 +192,7 @@ def _agentic() -> dict:
 
 
 PRESETS: dict[str, Callable[[], dict]] = {
-    "seed": _seed,
+    "verl_32_devices": _verl_32_devices,
     "rollout_bound": _rollout_bound,
     "drifting": _drifting,
     "standalone_sufficient": _standalone_sufficient,
@@ -204,9 +206,10 @@ def preset_names() -> list[str]:
 
 
 def get_preset(name: str) -> Scenario:
-    """A fresh :class:`Scenario` for preset ``name``."""
+    """A fresh :class:`Scenario` for preset ``name`` (an old name of
+    :data:`~lightning_hybrid_rollout.sim.renames.PRESET_RENAMES`: its new one, with a :class:`DeprecationWarning`)."""
     try:
-        factory = PRESETS[name]
+        factory = PRESETS[resolve("preset", name, PRESET_RENAMES)]
     except KeyError:
         raise KeyError(f"unknown preset {name!r}; presets: {', '.join(preset_names())}") from None
     return Scenario.from_dict(copy.deepcopy(factory()))

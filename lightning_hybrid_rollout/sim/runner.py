@@ -10,7 +10,7 @@ Example::
     from lightning_hybrid_rollout.sim.presets import get_preset
     from lightning_hybrid_rollout.sim.runner import simulate
 
-    result = simulate(get_preset("seed"))
+    result = simulate(get_preset("verl_32_devices"))
     for run in result.runs:
         print(run.name, round(run.time_s), round(run.efficiency, 3))
 """

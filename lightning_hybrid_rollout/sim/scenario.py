@@ -44,8 +44,11 @@ __all__ = [
     "TrainerModel",
 ]
 
-#: Named sequencings of the trainer's sync boundary: :attr:`RunSpec.sequencing` (``async_training.overlap_sync``).
-SEQUENCINGS: tuple[str, ...] = ("seed", "overlap_sync")
+#: Named sequencings of the trainer's sync boundary: :attr:`RunSpec.sequencing` (``async_training.overlap_sync``):
+#: ``sequential``, the standalone sync, then the policy's decision, then the hybrid wake and sync, one after another;
+#: ``overlap_sync``, the hybrid half concurrent with the standalone sync (``"seed"``: the deprecated name of
+#: ``sequential``, :data:`~lightning_hybrid_rollout.sim.renames.SEQUENCING_RENAMES`).
+SEQUENCINGS: tuple[str, ...] = ("sequential", "overlap_sync")
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -421,8 +424,8 @@ class RunSpec:
     * ``dynamic_schedule_policy``, ``dynamic_schedule_deactivate_ratio``, ``dynamic_schedule_policy_kwargs``: the
       policy, built as the runtime builds it (used only with ``hybrid``; reported as null otherwise).
     * ``dynamic_schedule_enable_rebalance``: the controller's rebalance after an activation.
-    * ``overlap_sync`` (:attr:`sequencing` ``"overlap_sync"``; false = ``"seed"``): false, the standalone sync, then
-      wake → hybrid sync → add → resume, all on the trainer's critical path; true, the policy is asked before the
+    * ``overlap_sync`` (:attr:`sequencing` ``"overlap_sync"``; false = ``"sequential"``): false, the standalone sync,
+      then wake → hybrid sync → add → resume, all on the trainer's critical path; true, the policy is asked before the
       standalone sync, as verl does, and if it will activate, the hybrid wake-up and then the hybrid weight sync run
       concurrently with the standalone sync; the controller's activation then finds the replicas awake with current
       weights and only adds and resumes them.
@@ -459,7 +462,7 @@ class RunSpec:
         from lightning_hybrid_rollout.sim.scenario import RunSpec
 
         run = RunSpec("dynamic", 16, 16, hybrid=True, async_training={"dynamic_schedule_policy": "rate_matched"})
-        assert run.policy == "rate_matched" and run.sequencing == "seed" and run.enable_rebalance
+        assert run.policy == "rate_matched" and run.sequencing == "sequential" and run.enable_rebalance
     """
 
     name: str
@@ -540,8 +543,9 @@ class RunSpec:
 
     @property
     def sequencing(self) -> str:
-        """``"overlap_sync"`` with ``async_training.overlap_sync``, else ``"seed"`` (one of :data:`SEQUENCINGS`)."""
-        return "overlap_sync" if self.config.overlap_sync else "seed"
+        """``"overlap_sync"`` with ``async_training.overlap_sync``, else ``"sequential"`` (one of
+        :data:`SEQUENCINGS`)."""
+        return "overlap_sync" if self.config.overlap_sync else "sequential"
 
     @property
     def early_first_sync(self) -> bool:

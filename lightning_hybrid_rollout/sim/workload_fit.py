@@ -16,6 +16,7 @@ from typing import Any
 from lightning_hybrid_rollout.config import AsyncTrainingConfig, ConfigError
 from lightning_hybrid_rollout.errors import CalibrationError
 from lightning_hybrid_rollout.sim.calibration import FitLog
+from lightning_hybrid_rollout.sim.renames import SEQUENCING_RENAMES
 from lightning_hybrid_rollout.sim.run_reading import Cycle
 from lightning_hybrid_rollout.sim.scenario import RUN_KEYS, Scenario
 
@@ -111,10 +112,13 @@ def fit_run_options(
                 f"runs[0].async_training.{key}", value, f"{config_name}: async_training.{key}", observations=1
             )
     elif meta.get("source") == "simulator":
+        sequencing = meta.get("sequencing")
+        if isinstance(sequencing, str):  # a trace written before the rename says "seed" for "sequential"
+            sequencing = SEQUENCING_RENAMES.get(sequencing, sequencing)
         from_meta = {
             "dynamic_schedule_policy": meta.get("policy"),
             "dynamic_schedule_enable_rebalance": meta.get("enable_rebalance"),
-            "overlap_sync": meta.get("sequencing") == "overlap_sync" if "sequencing" in meta else None,
+            "overlap_sync": sequencing == "overlap_sync" if "sequencing" in meta else None,
             "early_first_sync": meta.get("early_first_sync"),
             "staged_standalone_sync": meta.get("staged_standalone_sync"),
             "standalone_sync_mode": meta.get("standalone_sync_mode"),

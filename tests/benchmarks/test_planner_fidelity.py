@@ -239,11 +239,11 @@ def test_each_speedup_splits_into_the_scheduling_and_the_machine_factor_real_and
 
 def test_by_default_the_swap_converts_by_the_machines_figure_both_ways():
     """Without a given factor (the benchmark's default, not the recorded pair's 1.0): its host preset's
-    (``cpu_2core``) ``standalone_speed_with_hybrid`` both ways, said so on the assumptions' line; the dynamic run
+    (``shared_2vcpu``) ``standalone_speed_with_hybrid`` both ways, said so on the assumptions' line; the dynamic run
     predicted slower and the static run faster than at 1.0 (the standalone replica slowed beside the busy core)."""
     bench = _bench()
     f_host = bench.HOST.standalone_speed_with_hybrid
-    assert bench.HOST.name == "cpu_2core" and f_host == 0.91
+    assert bench.HOST.name == "shared_2vcpu" and f_host == 0.91
     default = bench.compare.unmemoised(STATIC, DYNAMIC)
     at_one = bench.compare(STATIC, DYNAMIC)
     assert default.standalone_speed_default and default.standalone_speed_with_hybrid == f_host

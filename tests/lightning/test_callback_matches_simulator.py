@@ -204,7 +204,7 @@ def _simulate(run_name: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any,
         spies.append(_SpyLedger(*args, **kwargs))
         return spies[-1]
 
-    scenario = get_preset("seed")
+    scenario = get_preset("verl_32_devices")
     run = scenario.run(run_name)
     with monkeypatch.context() as m:
         m.setattr(runner, "CycleLedger", make)

@@ -14,7 +14,7 @@ def _reduction(faster: float, slower: float) -> float:
 
 @pytest.fixture(scope="module")
 def seed():
-    return simulate(get_preset("seed"))
+    return simulate(get_preset("verl_32_devices"))
 
 
 def test_seed_preset_reproduces_the_seeds_ordering_and_size(seed):
@@ -33,7 +33,7 @@ def test_seed_preset_queue_shapes_match_seed_section_5(seed):
 
     # at a cycle's end (when mq_size is snapshotted) the staleness rule lets the queue hold at most
     # max_required_samples - step_required_samples = buffer_samples: that is the ceiling a consumption-bound run sits at
-    sc = get_preset("seed")
+    sc = get_preset("verl_32_devices")
     ceiling = sc.buffer_samples
     assert mean_mq("static_16_16") < 0.1 * sc.max_required_samples  # production-bound: the queue hugs zero
     assert mean_mq("static_8_24") > 0.95 * ceiling  # consumption-bound: at the ceiling
@@ -52,7 +52,7 @@ RATE_MATCHED_RUNS = (
 )
 
 
-@pytest.mark.parametrize("preset", ["seed", "rollout_bound", "drifting"])
+@pytest.mark.parametrize("preset", ["verl_32_devices", "rollout_bound", "drifting"])
 def test_rate_matched_is_never_slower_than_default(preset):
     result = simulate(get_preset(preset))
     default = result.run("dynamic_default").time_s
@@ -82,27 +82,28 @@ def _closed(seed, name: str) -> float:
 
 
 def test_seed_gap_closure_measured(seed):
-    """Where each step stands against the bound on the seed preset (docs/simulator.md, "Where the gap goes")."""
+    """Where each step stands against the bound on the verl_32_devices preset (docs/simulator.md, "Where the gap
+    goes")."""
     assert 0.08 < _closed(seed, "dynamic_rate_matched_overlap") < 0.25  # measured: ~0.16 of the gap
     assert 0.15 < _closed(seed, "dynamic_rate_matched_overlap_early") < 0.35  # measured: ~0.27
 
 
 def test_seed_gap_closure_quarter(seed):
-    """Issue 5: close a quarter of dynamic_default's gap to the bound on the seed preset.
+    """Issue 5: close a quarter of dynamic_default's gap to the bound on the verl_32_devices preset.
 
     Reached by ``dynamic_rate_matched_overlap_early_staged``: the rate_matched policy with rebalance off, and three
     runtime changes it counts on (overlap_sync, early_first_sync, staged_standalone_sync; docs/simulator.md,
-    "Runtime options"): it counts only once the runtime does them. dynamic_default keeps the seed's sequencing.
+    "Runtime options"): it counts only once the runtime does them. dynamic_default keeps the sequential sequencing.
     Both runs use the runtime-faithful model: every standalone weight sync aborts the replicas' requests in flight
     (``VLLMEngine.begin_weight_update``; staged: at the commit) and they resume from their prefix, as in the seed's
     own system (verl fully-async with partial rollout).
     """
-    sc = get_preset("seed")
+    sc = get_preset("verl_32_devices")
     spec = sc.run("dynamic_rate_matched_overlap_early_staged")
     assert spec.policy == "rate_matched" and spec.sequencing == "overlap_sync"
     assert spec.early_first_sync and spec.staged_standalone_sync and not spec.enable_rebalance
     reference = sc.run("dynamic_default")
-    assert reference.sequencing == "seed" and reference.enable_rebalance and not reference.early_first_sync
+    assert reference.sequencing == "sequential" and reference.enable_rebalance and not reference.early_first_sync
     assert spec.standalone_sync_aborts and reference.standalone_sync_aborts  # the runtime's abort, both runs
     assert sc.switch.standalone_commit_s == 5.0  # the assumed commit (docs/simulator.md: holds up to ~16 s)
     default = seed.run("dynamic_default").efficiency

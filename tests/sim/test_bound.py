@@ -92,7 +92,7 @@ def test_a_kv_limited_hybrid_replica_gets_a_ratio_per_sample_and_the_gap_counts_
 
 
 def test_the_best_seed_run_reaches_0_97_of_its_bound_and_beats_the_verl_v1_rule():
-    result = simulate(get_preset("seed"))
+    result = simulate(get_preset("verl_32_devices"))
     best = max((r for r in result.runs if r.hybrid), key=lambda r: r.efficiency)
     assert best.efficiency >= 0.97, (best.name, best.efficiency)  # measured: 0.9708 (..._staged_keep)
     assert best.time_s < result.run("dynamic_hysteresis_ratio").time_s

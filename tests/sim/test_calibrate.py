@@ -26,13 +26,16 @@ from lightning_hybrid_rollout.sim.calibrate import (
     _fit_lognormal,
     calibrate_run,
 )
-from lightning_hybrid_rollout.sim.calibration import CPU_2CORE
+from lightning_hybrid_rollout.sim.calibration import SHARED_2VCPU
 from lightning_hybrid_rollout.sim.cli import simulate_main
 from lightning_hybrid_rollout.sim.scenario import Scenario, SwitchCosts
 
 REAL_RUN = Path(__file__).resolve().parents[1] / "data" / "cpu_miniature_default_8_steps"
 #: The recorded runs' host's figures (the CPU miniature's 2 vCPUs), named where a test converts their rates.
-HYBRID_SPEED_RATIO, STANDALONE_SPEED_WITH_HYBRID = CPU_2CORE.hybrid_speed_ratio, CPU_2CORE.standalone_speed_with_hybrid
+HYBRID_SPEED_RATIO, STANDALONE_SPEED_WITH_HYBRID = (
+    SHARED_2VCPU.hybrid_speed_ratio,
+    SHARED_2VCPU.standalone_speed_with_hybrid,
+)
 
 
 def _generating() -> Scenario:
@@ -255,7 +258,7 @@ def test_a_real_runs_fit_simulates_that_run_within_3_percent(run):
 
 
 def test_scenario_for_converts_the_standalone_rate_and_assumes_the_hybrid_one():
-    static = calibrate_run(PAIR / "static_fully_async_r1", host="cpu_2core")
+    static = calibrate_run(PAIR / "static_fully_async_r1", host="shared_2vcpu")
     v = static.scenario.replica.tokens_per_s
     assert not static.hybrid_served and static.hybrid_speed_ratio == HYBRID_SPEED_RATIO
     assumed = static.parameter("hybrid_replica.tokens_per_s")
@@ -277,7 +280,7 @@ def test_scenario_for_converts_the_standalone_rate_and_assumes_the_hybrid_one():
         static.scenario_for(DYNAMIC_RUN, standalone_speed_with_hybrid=0.0)
     # dynamic fit -> the static run: the standalone rate / f beside an idle trainer core, back to the fitted rate
     # (f of it) while the static run's trainer trains; the measured hybrid rate kept
-    dynamic = calibrate_run(PAIR / "rate_matched_r1", host=CPU_2CORE)
+    dynamic = calibrate_run(PAIR / "rate_matched_r1", host=SHARED_2VCPU)
     assert dynamic.hybrid_served and dynamic.hybrid_speed_ratio is None
     assert dynamic.standalone_speed_with_hybrid() == STANDALONE_SPEED_WITH_HYBRID  # not measurable from a serving run
     assert dynamic.parameter("hybrid_replica.tokens_per_s").measured
@@ -360,7 +363,7 @@ PROBED = Path(__file__).resolve().parents[1] / "data" / "cpu_miniature_static_pr
 def test_a_real_run_measures_its_standalone_replica_slower_while_the_trainer_trains():
     """A real static CPU-miniature run (64 steps, 2026-12-03) with the runtime's decode progress counters: its one
     standalone replica, on the core beside the trainer's, decodes ~8% slower while the trainer trains."""
-    fit = calibrate_run(PROBED, host="cpu_2core")
+    fit = calibrate_run(PROBED, host="shared_2vcpu")
     p = fit.parameter("replica.speed_while_training")
     assert p.measured and p.observations >= 48, p.source  # nearly every one of the 64 training spans
     assert 0.8 < p.value < 0.97
@@ -400,7 +403,7 @@ def test_a_real_run_measures_its_standalone_replica_slower_while_the_trainer_tra
 
 def test_without_a_host_preset_the_swap_assumes_no_slowdown():
     """The library's figures are 1.0 each (replicas on devices of their own): a static fit's serving run keeps the
-    standalone rate and its hybrid replica decodes as fast; ``cpu_2core`` (the CPU miniature's host) is named."""
+    standalone rate and its hybrid replica decodes as fast; ``shared_2vcpu`` (the CPU miniature's host) is named."""
     static = calibrate_run(PAIR / "static_fully_async_r1")
     v, mix = static.scenario.replica.tokens_per_s, static.standalone_average_over_outside
     assert static.host is None and static.hybrid_speed_ratio == 1.0 and static.standalone_speed_with_hybrid() == 1.0
@@ -409,19 +412,22 @@ def test_without_a_host_preset_the_swap_assumes_no_slowdown():
     assert (sc.replica.tokens_per_s, sc.replica.speed_while_training) == (pytest.approx(v), 1.0)
     assert sc.hybrid_model.tokens_per_s == pytest.approx(v)
     assert static.scenario_for(STATIC_RUN).replica == static.scenario.replica  # as fitted, not given a figure
-    named = calibrate_run(PAIR / "static_fully_async_r1", host="cpu_2core")
-    assert named.host is CPU_2CORE and named.standalone_speed_with_hybrid() == 0.91 and named.hybrid_speed_ratio == 0.71
+    named = calibrate_run(PAIR / "static_fully_async_r1", host="shared_2vcpu")
+    assert (
+        named.host is SHARED_2VCPU and named.standalone_speed_with_hybrid() == 0.91 and named.hybrid_speed_ratio == 0.71
+    )
     assert named.scenario_for(DYNAMIC_RUN).replica.tokens_per_s == pytest.approx(0.91 * v)
     assert (
-        calibrate_run(PAIR / "static_fully_async_r1", host=CPU_2CORE, hybrid_speed_ratio=0.5).hybrid_speed_ratio == 0.5
+        calibrate_run(PAIR / "static_fully_async_r1", host=SHARED_2VCPU, hybrid_speed_ratio=0.5).hybrid_speed_ratio
+        == 0.5
     )
-    with pytest.raises(CalibrationError, match="unknown host preset 'gpu'; known: cpu_2core"):
+    with pytest.raises(CalibrationError, match="unknown host preset 'gpu'; known: shared_2vcpu"):
         calibrate_run(PAIR / "static_fully_async_r1", host="gpu")
 
 
 def test_lhr_simulate_fits_with_the_host_preset_named(capsys):
     argv = ["--from-run", str(PAIR / "static_fully_async_r1"), "--fit-only"]
-    assert simulate_main([*argv, "--host-preset", "cpu_2core"]) == 0
+    assert simulate_main([*argv, "--host-preset", "shared_2vcpu"]) == 0
     assert "hybrid_speed_ratio 0.71 x" in capsys.readouterr().out
     assert simulate_main(argv) == 0
     assert "hybrid_speed_ratio 1 x" in capsys.readouterr().out

@@ -28,11 +28,11 @@ _RUN_KEYS = {
 
 
 def test_simulate_json_schema_seed(capsys):
-    assert simulate_main(["--preset", "seed", "--json"]) == 0
+    assert simulate_main(["--preset", "verl_32_devices", "--json"]) == 0
     out = capsys.readouterr().out
     doc = json.loads(out)  # exactly one JSON object on stdout
     assert set(doc) == {"scenario", "balance_bound_s", "runs"}
-    assert doc["scenario"] == "seed" and isinstance(doc["balance_bound_s"], float)
+    assert doc["scenario"] == "verl_32_devices" and isinstance(doc["balance_bound_s"], float)
     names = [r["name"] for r in doc["runs"]]
     assert {"static_16_16", "static_8_24", "dynamic_default"} <= set(names)
     for r in doc["runs"]:
@@ -89,8 +89,9 @@ def test_cli_errors_are_readable(capsys):
 
 def test_list_and_dump_presets(capsys):
     assert simulate_main(["--list-presets"]) == 0
-    assert "seed:" in capsys.readouterr().out
-    assert simulate_main(["--dump-preset", "seed"]) == 0
+    assert "verl_32_devices:" in capsys.readouterr().out
+    assert simulate_main(["--dump-preset", "verl_32_devices"]) == 0
     dumped = yaml.safe_load(capsys.readouterr().out)
-    assert dumped["name"] == "seed" and dumped["async_training"]["mini_batch_size"] == 128
-    assert Scenario.from_dict(dumped).to_dict() == get_preset("seed").to_dict()  # a starting point that loads back
+    assert dumped["name"] == "verl_32_devices" and dumped["async_training"]["mini_batch_size"] == 128
+    # a starting point that loads back
+    assert Scenario.from_dict(dumped).to_dict() == get_preset("verl_32_devices").to_dict()

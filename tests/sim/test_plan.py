@@ -107,7 +107,7 @@ def _set_of(changes: dict, hybrid: bool) -> str:
 def test_splits_follow_the_replica_sizes():
     sizes = {"replica": {"devices": 2, "tokens_per_s": 40.0}, "hybrid_replica": {"devices": 4, "tokens_per_s": 40.0}}
     sc = tiny_scenario(**sizes, runs=[])  # the plan ignores a scenario's runs
-    runs = candidate_runs(sc, 8, policies=["default"], option_sets=["seed"])
+    runs = candidate_runs(sc, 8, policies=["default"], option_sets=["defaults"])
     assert {(r.train_devices, r.rollout_devices) for r in runs if not r.hybrid} == {(6, 2), (4, 4), (2, 6)}
     assert {(r.train_devices, r.rollout_devices) for r in runs if r.hybrid} == {(4, 4), (8, 0)}
     big = tiny_scenario(replica={"devices": 4, "tokens_per_s": 40.0}, runs=[])
@@ -116,7 +116,9 @@ def test_splits_follow_the_replica_sizes():
 
 
 def test_rows_are_ranked_by_predicted_time_with_failed_candidates_last(probe_policy):
-    result = plan(tiny_scenario(steps=4), 4, policies=["default", "rate_matched", probe_policy], option_sets=["seed"])
+    result = plan(
+        tiny_scenario(steps=4), 4, policies=["default", "rate_matched", probe_policy], option_sets=["defaults"]
+    )
     ok = [r for r in result.rows if r.error is None]
     failed = [r for r in result.rows if r.error is not None]
     assert [r.rank for r in result.rows] == list(range(1, len(result.rows) + 1))
@@ -165,7 +167,7 @@ def test_plan_json_is_one_object_with_the_documented_schema(tmp_path, capsys):
 def test_plan_table_and_plot_write_the_best_plans_timeline(tmp_path, capsys):
     out = tmp_path / "plots"
     argv = ["--scenario", str(_scenario_file(tmp_path, steps=3)), "--devices", "2", "--plot", str(out)]
-    assert plan_main([*argv, "--policies", "default", "--options", "seed"]) == 0
+    assert plan_main([*argv, "--policies", "default", "--options", "defaults"]) == 0
     text = capsys.readouterr().out
     best = text.split("; best ", 1)[1].split()[0]
     assert "static_1_1" in text and "dynamic_1_1_default" in text and "efficiency" in text
@@ -190,15 +192,15 @@ def test_a_plan_from_a_static_pilot_slows_the_standalone_replicas_of_its_serving
     does not carry over to the next) and not only while the trainer trains; a candidate like the pilot runs as
     fitted."""
     from lightning_hybrid_rollout.sim.calibrate import calibrate_run
-    from lightning_hybrid_rollout.sim.calibration import CPU_2CORE
+    from lightning_hybrid_rollout.sim.calibration import SHARED_2VCPU
     from lightning_hybrid_rollout.sim.runner import run_once
 
-    f_host = CPU_2CORE.standalone_speed_with_hybrid  # the pilot's host's figure
-    fit = calibrate_run(PROBED_DIR, host=CPU_2CORE)
+    f_host = SHARED_2VCPU.standalone_speed_with_hybrid  # the pilot's host's figure
+    fit = calibrate_run(PROBED_DIR, host=SHARED_2VCPU)
     own = fit.scenario.replica.speed_while_training
     assert own < 0.95 and own != pytest.approx(f_host, abs=1e-3)  # the pilot measured its own
     fit = with_base_scenario(fit, Scenario.from_dict({**fit.scenario.to_dict(), "steps": 4}))
-    result = plan(fit, 2, policies=["rate_matched"], option_sets=["seed"])
+    result = plan(fit, 2, policies=["rate_matched"], option_sets=["defaults"])
     dynamic = result.row("dynamic_1_1_rate_matched").spec()
     converted = candidate_scenario(fit, dynamic)
     rate = fit.scenario.replica.tokens_per_s
@@ -218,13 +220,13 @@ def test_a_plan_from_a_static_pilot_slows_the_standalone_replicas_of_its_serving
 
 
 def test_plan_takes_the_machines_figures_for_a_pilot_from_the_command_line(capsys):
-    """``--host-preset cpu_2core`` (the pilot's host), then ``--standalone-speed-with-hybrid`` and
+    """``--host-preset shared_2vcpu`` (the pilot's host), then ``--standalone-speed-with-hybrid`` and
     ``--hybrid-speed-ratio`` over it, reach the serving candidates of a static pilot's plan: a cluster whose rollout
     devices share nothing with the trainer's (1.0, 1.0) plans them faster, as does no preset (1.0 each, not given).
     The plan says which figures it converted by: the preset's, given, or the defaults."""
     base = ["--from-run", str(PROBED_DIR), "--devices", "2", "--json", "--policies", "rate_matched"]
-    base += ["--options", "seed", "--steps", "4"]
-    preset = ["--host-preset", "cpu_2core"]
+    base += ["--options", "defaults", "--steps", "4"]
+    preset = ["--host-preset", "shared_2vcpu"]
     times = []
     for extra in (
         preset,
@@ -237,16 +239,16 @@ def test_plan_takes_the_machines_figures_for_a_pilot_from_the_command_line(capsy
         rows = {r["name"]: r for r in json.loads(captured.out)["rows"]}
         times.append((rows["dynamic_1_1_rate_matched"]["time_s"], rows["static_1_1"]["time_s"]))
         conversion = next(line for line in captured.err.splitlines() if line.startswith("candidates of the other"))
-        f = {0: "0.91 (host preset cpu_2core", 3: "1 (default: no slowdown assumed"}.get(len(times) - 1, "1 (given")
+        f = {0: "0.91 (host preset shared_2vcpu", 3: "1 (default: no slowdown assumed"}.get(len(times) - 1, "1 (given")
         assert f"standalone_speed_with_hybrid {f}" in conversion, conversion
         r = (
             "1 (given)"
             if "--hybrid-speed-ratio" in extra
-            else "0.71 (host preset cpu_2core)"
+            else "0.71 (host preset shared_2vcpu)"
             if extra
             else "1 (default)"
         )
-        assert f"hybrid_speed_ratio {r}" in conversion and "--host-preset NAME (cpu_2core;" in conversion
+        assert f"hybrid_speed_ratio {r}" in conversion and "--host-preset NAME (shared_2vcpu;" in conversion
     assert times[0][0] > times[1][0] > times[2][0]  # each figure at 1.0 speeds the serving candidate up
     # the static candidate: as the pilot measured itself unless F is given, then its replica slowed by F while the
     # trainer trains (1.0: not at all, faster than the pilot's 0.918); rho does not touch it
@@ -256,12 +258,12 @@ def test_plan_takes_the_machines_figures_for_a_pilot_from_the_command_line(capsy
 
 def test_a_host_preset_converts_a_pilot_run_only(capsys):
     with pytest.raises(SystemExit):
-        plan_main(["--preset", "seed", "--devices", "4", "--host-preset", "cpu_2core"])
+        plan_main(["--preset", "verl_32_devices", "--devices", "4", "--host-preset", "shared_2vcpu"])
     assert "--host-preset convert a pilot run: use --from-run" in capsys.readouterr().err
 
 
 def test_a_pilot_whose_hybrid_replicas_served_says_it_ignores_a_given_hybrid_speed_ratio(capsys):
-    argv = ["--from-run", str(RUN_DIR), "--devices", "2", "--json", "--policies", "default", "--options", "seed"]
+    argv = ["--from-run", str(RUN_DIR), "--devices", "2", "--json", "--policies", "default", "--options", "defaults"]
     assert plan_main([*argv, "--hybrid-speed-ratio", "0.5"]) == 0
     err = capsys.readouterr().err
     assert "the hybrid rate the pilot measured (--hybrid-speed-ratio ignored: its hybrid replicas served)" in err
@@ -285,14 +287,20 @@ def test_sync_bandwidth_sets_the_standalone_sync_as_bytes_over_bandwidth():
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--preset", "seed", "--devices", "1"], "--devices must be an integer >= 2"),
+        (["--preset", "verl_32_devices", "--devices", "1"], "--devices must be an integer >= 2"),
         (["--preset", "nope", "--devices", "4"], "unknown preset 'nope'"),
         (["--from-run", "EMPTY", "--devices", "4"], "no trace.json"),
-        (["--preset", "seed", "--devices", "3"], "no split of 3 devices fits"),
-        (["--preset", "seed", "--devices", "8", "--policies", "nope"], "unknown policy ['nope']"),
-        (["--preset", "seed", "--devices", "8", "--model-gb", "70"], "--model-gb and --sync-gbps go together"),
+        (["--preset", "verl_32_devices", "--devices", "3"], "no split of 3 devices fits"),
+        (["--preset", "verl_32_devices", "--devices", "8", "--policies", "nope"], "unknown policy ['nope']"),
+        (
+            ["--preset", "verl_32_devices", "--devices", "8", "--model-gb", "70"],
+            "--model-gb and --sync-gbps go together",
+        ),
         (["--devices", "8"], "one of the arguments --from-run --scenario --preset is required"),
-        (["--preset", "seed", "--devices", "4", "--hybrid-speed-ratio", "1"], "convert a pilot run: use --from-run"),
+        (
+            ["--preset", "verl_32_devices", "--devices", "4", "--hybrid-speed-ratio", "1"],
+            "convert a pilot run: use --from-run",
+        ),
         (
             ["--from-run", "EMPTY", "--devices", "4", "--standalone-speed-with-hybrid", "0"],
             "must be a finite number > 0",

@@ -48,18 +48,18 @@ def _execute(sc, name):
 
 def test_options_default_off_and_the_seed_reference_runs_use_none():
     spec = RunSpec(name="r", train_devices=4, rollout_devices=4)
-    assert spec.sequencing == "seed" and not spec.early_first_sync and not spec.staged_standalone_sync
+    assert spec.sequencing == "sequential" and not spec.early_first_sync and not spec.staged_standalone_sync
     assert spec.standalone_sync_aborts  # what the runtime does: on by default
-    seed = get_preset("seed")
+    seed = get_preset("verl_32_devices")
     for name in ("dynamic_default", "dynamic_rate_matched", "static_16_16", "static_8_24"):
         r = seed.run(name)
-        assert r.sequencing == "seed" and not r.early_first_sync and not r.staged_standalone_sync, name
+        assert r.sequencing == "sequential" and not r.early_first_sync and not r.staged_standalone_sync, name
     assert seed.run("dynamic_default").enable_rebalance
     improved = seed.run("dynamic_rate_matched_overlap_early_staged")
     assert improved.early_first_sync and improved.staged_standalone_sync and improved.sequencing == "overlap_sync"
 
 
-@pytest.mark.parametrize("preset", ["seed", "rollout_bound", "drifting", "standalone_sufficient"])
+@pytest.mark.parametrize("preset", ["verl_32_devices", "rollout_bound", "drifting", "standalone_sufficient"])
 def test_every_preset_run_models_the_runtimes_abort_at_a_standalone_sync(preset):
     assert all(r.standalone_sync_aborts for r in get_preset(preset).runs)
 
@@ -226,7 +226,7 @@ def test_gap_accounting_sums_to_the_time_beyond_the_balance_term():
 
 def test_seed_gap_diagnosis_of_the_improvements():
     """The mechanisms remove what they say they remove (docs/simulator.md, "Where the gap goes")."""
-    seed = simulate(get_preset("seed"))
+    seed = simulate(get_preset("verl_32_devices"))
     before = seed.run("dynamic_rate_matched_overlap").gap_s
     early = seed.run("dynamic_rate_matched_overlap_early").gap_s
     staged = seed.run("dynamic_rate_matched_overlap_early_staged").gap_s

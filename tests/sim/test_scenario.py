@@ -18,7 +18,7 @@ from lightning_hybrid_rollout.sim import (
 
 
 def test_presets_load_and_are_named_for_their_regime():
-    assert {"seed", "rollout_bound", "drifting", "standalone_sufficient"} <= set(preset_names())
+    assert {"verl_32_devices", "rollout_bound", "drifting", "standalone_sufficient"} <= set(preset_names())
     for name in preset_names():
         sc = get_preset(name)
         assert sc.name == name and sc.runs and sc.description
@@ -27,14 +27,14 @@ def test_presets_load_and_are_named_for_their_regime():
 
 
 def test_seed_preset_uses_the_seeds_devices_and_verls_recipe_batch():
-    sc = get_preset("seed")
+    sc = get_preset("verl_32_devices")
     splits = {r.name: (r.train_devices, r.rollout_devices, r.hybrid) for r in sc.runs}
     assert splits["static_16_16"] == (16, 16, False)
     assert splits["static_8_24"] == (8, 24, False)
     assert splits["dynamic_default"] == (16, 16, True)
     assert all(r.devices == 32 for r in sc.runs)
     default = sc.run("dynamic_default")
-    assert default.policy == "default" and default.sequencing == "seed"
+    assert default.policy == "default" and default.sequencing == "sequential"
     assert default.policy_kwargs == {"deactivate_ratio": 0.3}
     assert (sc.required_samples, sc.trigger_parameter_sync_step, sc.staleness_threshold) == (128, 4, 0.5)
     assert sc.max_required_samples == 768 and sc.buffer_samples == 256
@@ -123,7 +123,7 @@ def test_runs_take_the_scenarios_async_training_and_change_only_their_own_keys()
     )
     inherits, own, static = (sc.run(n) for n in ("inherits", "own", "static"))
     assert (inherits.policy, inherits.sequencing) == ("rate_matched", "overlap_sync")
-    assert (own.policy, own.sequencing) == ("rate_matched", "seed")
+    assert (own.policy, own.sequencing) == ("rate_matched", "sequential")
     assert own.policy_kwargs == {"deactivate_ratio": 0.3, "gate_margin_fraction": 0.2}
     assert static.policy is None  # no hybrid replicas: nothing to schedule
     assert own.config == AsyncTrainingConfig(
@@ -138,7 +138,7 @@ def test_runs_take_the_scenarios_async_training_and_change_only_their_own_keys()
 def test_a_run_moved_to_another_scenario_takes_that_scenarios_config():
     a = Scenario.from_dict({"name": "a", "async_training": {"overlap_sync": True}, "runs": [{**_RUN, "hybrid": True}]})
     b = Scenario.from_dict({"name": "b", "runs": []}).with_runs(a.runs)
-    assert b.run("a").sequencing == "seed" and a.run("a").sequencing == "overlap_sync"
+    assert b.run("a").sequencing == "sequential" and a.run("a").sequencing == "overlap_sync"
     loose = RunSpec("loose", 4, 4, hybrid=True, async_training={"early_first_sync": True})
     assert loose.config == AsyncTrainingConfig(early_first_sync=True)  # outside a scenario: the config's defaults
     assert a.with_runs([loose]).run("loose").sequencing == "overlap_sync"

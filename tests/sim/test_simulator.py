@@ -223,7 +223,7 @@ def test_zero_switch_cost_and_ideal_rates_approach_the_bound():
     assert result.run("dynamic").efficiency > 0.93  # free switching closes almost all of it
 
 
-@pytest.mark.parametrize("sequencing", ["seed", "overlap_sync"])
+@pytest.mark.parametrize("sequencing", ["sequential", "overlap_sync"])
 def test_colocated_mode_only_hybrid(sequencing):
     sc = tiny_scenario(
         runs=[
@@ -238,12 +238,14 @@ def test_colocated_mode_only_hybrid(sequencing):
 
 
 def test_overlap_sync_hides_the_hybrid_wake_and_sync_under_the_standalone_sync():
-    sc = tiny_scenario(runs=[dynamic_run("seed_seq", "default"), dynamic_run("overlap", "default", overlap_sync=True)])
+    sc = tiny_scenario(
+        runs=[dynamic_run("sequential", "default"), dynamic_run("overlap", "default", overlap_sync=True)]
+    )
     result = simulate(sc)
-    seed_seq, overlap = result.run("seed_seq"), result.run("overlap")
-    assert seed_seq.activations > 1 and overlap.activations > 1
+    sequential, overlap = result.run("sequential"), result.run("overlap")
+    assert sequential.activations > 1 and overlap.activations > 1
     # only the startup activation (no standalone sync to hide it under) still syncs on the critical path
     assert overlap.breakdown_s["weight_sync_hybrid"] == pytest.approx(sc.switch.hybrid_sync_s)
-    switch_seed = seed_seq.breakdown_s["hybrid_switching"] + seed_seq.breakdown_s["weight_sync_hybrid"]
+    switch_sequential = sequential.breakdown_s["hybrid_switching"] + sequential.breakdown_s["weight_sync_hybrid"]
     switch_overlap = overlap.breakdown_s["hybrid_switching"] + overlap.breakdown_s["weight_sync_hybrid"]
-    assert switch_overlap / overlap.activations < switch_seed / seed_seq.activations
+    assert switch_overlap / overlap.activations < switch_sequential / sequential.activations

@@ -12,7 +12,7 @@ import pytest
 
 from lightning_hybrid_rollout.sim import get_preset, simulate
 
-PRESETS = ("seed", "rollout_bound", "drifting", "standalone_sufficient")
+PRESETS = ("verl_32_devices", "rollout_bound", "drifting", "standalone_sufficient")
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -32,7 +32,7 @@ def test_no_run_of_a_preset_spends_more_than_the_staleness_budget(preset):
 
 
 def test_staged_keep_run_in_every_preset_and_the_best_run_beats_verl_v1s_rule():
-    for preset in ("seed", "rollout_bound", "drifting"):
+    for preset in ("verl_32_devices", "rollout_bound", "drifting"):
         result = simulate(get_preset(preset))
         best = min((r for r in result.runs if r.hybrid), key=lambda r: r.time_s)
         assert best.name == "dynamic_rate_matched_overlap_early_staged_keep", preset
