@@ -1,6 +1,6 @@
 """One event trace for both worlds: the runtime and the simulator write the same Chrome trace-event JSON (replica and
 trainer spans, counters, per-step metrics; the tracks are listed in docs/metrics.md, "The trace file"), which ``lhr
-report`` and ``lhr simulate --plot`` render (:mod:`lightning_hybrid_rollout.analysis.plots`).
+report`` and ``lhr simulate --plot`` render (:mod:`lightning_hybrid_rollout.trace_plots`).
 
 Example::
 

@@ -8,11 +8,9 @@
 - ``rollout/`` imports nothing from ``lightning/``, ``sim/``, ``analysis/`` or ``models/``; ``sim/`` nothing from
   ``rollout/``, ``lightning/`` or ``models/``; ``models/`` (model preparation) nothing from the runtime, the simulator
   or ``analysis/``; ``tasks/``, ``sources/``, ``rewards/``, ``agentic/`` and ``schedule/`` sit below all of those;
-- ``sim/`` and ``analysis/`` (what reads a finished run): ``sim/`` never imports ``analysis/``'s run readers, only its
-  trace renderer ``analysis/plots.py`` (for ``lhr simulate --plot``), which imports nothing from ``sim/``;
-  ``analysis/`` may use the simulator's bound math (``sim/bound.py``: one formula for a simulated and a real run) but
-  never ``sim/cli.py``. So the edges run one way: ``sim/cli.py -> analysis/plots.py -> trace.py`` and
-  ``analysis/run_bound.py -> sim/bound.py``;
+- ``analysis/`` (what reads a finished run) sits above ``sim/``: it may use the simulator's bound math
+  (``sim/bound.py``: one formula for a simulated and a real run), never ``sim/cli.py``; ``sim/`` imports nothing from
+  ``analysis/`` (the trace renderer both use, ``trace_plots.py``, is a top-level module beside ``trace.py``);
 - no import cycle between the package's modules (imports inside functions and ``if TYPE_CHECKING:`` blocks count:
   a lazy or type-only import is still a dependency). The purity and layer rules ignore type-only imports.
 """
@@ -31,7 +29,7 @@ PURE_MODULES = (f"{NAME}.metrics", f"{NAME}.metrics.formulas")
 UPPER = ("rollout", "lightning", "sim", "analysis", "models")
 FORBIDDEN = {
     "rollout": ("lightning", "sim", "analysis", "models"),
-    "sim": ("rollout", "lightning", "models"),  # and analysis/ but its renderer: test_sim_and_analysis_import_one_way
+    "sim": ("rollout", "lightning", "models", "analysis"),
     "analysis": ("rollout", "lightning", "models"),
     "models": ("rollout", "lightning", "sim", "analysis", "sources", "rewards"),
     "tasks": UPPER,
@@ -40,8 +38,6 @@ FORBIDDEN = {
     "agentic": (*UPPER, "sources", "tasks"),
     "schedule": (*UPPER, "tasks"),
 }
-#: What ``sim/`` may import from ``analysis/``: the trace renderer (``lhr simulate --plot``, ``lhr plan --plot``).
-SIM_USES_FROM_ANALYSIS = (f"{NAME}.analysis", f"{NAME}.analysis.plots")
 
 
 def _module_name(path: Path) -> str:
@@ -145,17 +141,15 @@ def test_top_level_modules_import_no_subpackage_but_the_pure_ones() -> None:
 
 
 def test_sim_and_analysis_import_one_way() -> None:
-    """``sim/`` uses only ``analysis/``'s renderer, which needs no ``sim/``; ``analysis/`` never uses ``sim/cli.py``."""
+    """``analysis/`` may use ``sim/``'s bound math but never its command line; ``sim/`` never imports ``analysis/``."""
     graph = _graph()
     bad = []
     for module, deps in graph.items():
         for dep in deps:
-            if _layer(module) == "sim" and _layer(dep) == "analysis" and dep not in SIM_USES_FROM_ANALYSIS:
+            if _layer(module) == "sim" and _layer(dep) == "analysis":
                 bad.append(f"{module} -> {dep} (sim/ reads no run: move the caller into analysis/)")
             if _layer(module) == "analysis" and dep == f"{NAME}.sim.cli":
                 bad.append(f"{module} -> {dep} (analysis/ never uses the simulator's command line)")
-            if module in SIM_USES_FROM_ANALYSIS and _layer(dep) == "sim":
-                bad.append(f"{module} -> {dep} (the renderer sim/ uses must not need sim/: a cycle)")
     assert not bad, bad
 
 

@@ -15,9 +15,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from lightning_hybrid_rollout.analysis.plots import render_traces
 from lightning_hybrid_rollout.analysis.run_bound import report_from_trace
 from lightning_hybrid_rollout.trace import StepMetrics, TraceData, load_trace
+from lightning_hybrid_rollout.trace_plots import render_traces
 
 __all__ = ["report_main"]
 

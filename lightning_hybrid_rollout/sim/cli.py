@@ -313,8 +313,8 @@ def simulate_main(argv: Sequence[str] | None = None) -> int:
 
 
 def _plot_result(result: ScenarioResult, out: Path) -> list[Path]:
-    from lightning_hybrid_rollout.analysis.plots import plot_breakdown, render_traces
     from lightning_hybrid_rollout.trace import load_trace
+    from lightning_hybrid_rollout.trace_plots import plot_breakdown, render_traces
 
     traces = {r.name: load_trace(r.trace_path) for r in result.runs if r.trace_path}
     paths = render_traces(traces, out)

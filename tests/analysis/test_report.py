@@ -68,8 +68,8 @@ def _pixels_of(png, hex_color: str) -> int:
 
 
 def test_report_timeline_shows_the_tool_and_environment_calls_of_a_multi_turn_run(tmp_path, capsys):
-    from lightning_hybrid_rollout.analysis.plots import COLORS
     from lightning_hybrid_rollout.trace import TOOLS_GROUP, TraceWriter
+    from lightning_hybrid_rollout.trace_plots import COLORS
 
     with TraceWriter(tmp_path / "trace.json", {"run": "agentic", "train_devices": 1}) as tw:
         tw.describe_track("replica/standalone_0", kind="standalone", devices=[1])

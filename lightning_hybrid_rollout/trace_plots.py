@@ -4,7 +4,7 @@ the same pictures. A multi-turn run's timeline adds a lane on top with its tool 
 
 Example::
 
-    from lightning_hybrid_rollout.analysis.plots import render_traces
+    from lightning_hybrid_rollout.trace_plots import render_traces
     from lightning_hybrid_rollout.trace import load_trace
 
     paths = render_traces({"my_run": load_trace("run/trace.json")}, "run/plots")
