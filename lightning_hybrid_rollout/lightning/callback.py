@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -31,6 +30,7 @@ from lightning_hybrid_rollout.config import (
 from lightning_hybrid_rollout.errors import ReplicaFailureError
 from lightning_hybrid_rollout.hub import resolve_model_path
 from lightning_hybrid_rollout.lightning.cycle_report import CycleReport, peak_rss_bytes
+from lightning_hybrid_rollout.lightning.expected_warnings import ExpectedWarnings
 from lightning_hybrid_rollout.lightning.lora import check_adapter_sync, check_lora_targets, engine_lora_config
 from lightning_hybrid_rollout.lightning.overlap import OverlapSync
 from lightning_hybrid_rollout.lightning.placement import rank_node_ips
@@ -59,18 +59,6 @@ from lightning_hybrid_rollout.schedule.cycle import CycleLedger, ProductionByRol
 from lightning_hybrid_rollout.sources import DatasetConfig
 
 log = logging.getLogger(__name__)
-
-#: Lightning's warnings about what this design does on purpose (the ``dataloader_iter`` step that takes its batch
-#: after ``on_train_batch_start``, an empty list of validation batches when none is configured) and a deprecation
-#: inside Lightning itself: nothing a user can act on, so they are not shown.
-_EXPECTED_WARNINGS = (
-    r"You are using the `dataloader_iter` step flavor",
-    r"Found `dataloader_iter` argument in the `training_step`",
-    r"Total length of `list` across ranks is zero",
-    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-)
-for _message in _EXPECTED_WARNINGS:
-    warnings.filterwarnings("ignore", message=_message)
 
 _STATE_VERSION = 2  # 2: switch_totals instead of every switch event
 _SWITCH_KINDS = ("activate", "deactivate")
@@ -272,6 +260,8 @@ class HybridRolloutCallback(Callback):
         self._clock: Callable[[], float] = time.monotonic
         #: The current step's wall times (:class:`~.trainer_side.StepTimes`).
         self._step = StepTimes(clock=lambda: self._clock())
+        #: Lightning's expected warnings, hidden from ``setup`` to the end of the fit (never at import).
+        self._expected_warnings = ExpectedWarnings()
 
     # --------------------------------------------------------------------------------------------- properties
 
@@ -328,6 +318,7 @@ class HybridRolloutCallback(Callback):
 
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._expected_warnings.hide()  # until _shutdown: the fit's data and loop set-up raise them
         # a hub id resolves once on this rank's node (the replicas resolve it on theirs): the directory below is
         # what the module, the tokenizer and the checks load
         model_dir = self.rollout.model_path
@@ -529,6 +520,7 @@ class HybridRolloutCallback(Callback):
         self._shutdown()
 
     def _shutdown(self) -> None:
+        self._expected_warnings.show()
         self._trainer_side.weights = None
         try:
             if self._runtime is not None:

@@ -4,7 +4,7 @@ Usage::
 
     lhr fit --config examples/quickstart_cpu.yaml
     lhr validate --config examples/quickstart_cpu.yaml
-    lhr simulate --preset seed [--json] [--plot DIR]
+    lhr simulate --preset verl_32_devices [--json] [--plot DIR]
     lhr plan --from-run RUN_DIR --devices 32 [--json] [--plot DIR]
     lhr report RUN_DIR
 
@@ -38,6 +38,7 @@ def cli_main(args: Sequence[str], run: bool = True) -> LightningCLI:
 
     import lightning_hybrid_rollout.lightning  # noqa: F401  (registers the hybrid strategies)
     from lightning_hybrid_rollout.lightning.data import RolloutDataModule
+    from lightning_hybrid_rollout.lightning.expected_warnings import lightning_warnings_hidden
     from lightning_hybrid_rollout.lightning.module import GRPOModule
     from lightning_hybrid_rollout.lightning.progress import add_default_progress_bar
 
@@ -74,17 +75,18 @@ def cli_main(args: Sequence[str], run: bool = True) -> LightningCLI:
                 self.save_config(trainer, pl_module, stage)
             self.already_saved = trainer.strategy.broadcast(True)
 
-    return HybridRolloutCLI(
-        model_class=GRPOModule,
-        datamodule_class=RolloutDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        args=list(args),
-        save_config_callback=RedactedSaveConfigCallback,
-        save_config_kwargs={"overwrite": True},
-        auto_configure_optimizers=False,
-        run=run,
-    )
+    with lightning_warnings_hidden():  # the run's Trainer.fit raises them (the first one before any callback hook)
+        return HybridRolloutCLI(
+            model_class=GRPOModule,
+            datamodule_class=RolloutDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            args=list(args),
+            save_config_callback=RedactedSaveConfigCallback,
+            save_config_kwargs={"overwrite": True},
+            auto_configure_optimizers=False,
+            run=run,
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -52,6 +52,25 @@ def slow(x: int) -> int:
     return x
 
 
+MEETING: list[str] = []  # "start" / "end" of each call of ``meet``
+MEETING_ROOM = threading.Condition()
+
+
+def meet(peers: int, seconds: float) -> str:
+    """Wait until this many calls are in the tool at once.
+
+    Args:
+        peers: Calls to wait for, this one included.
+        seconds: The longest wait.
+    """
+    with MEETING_ROOM:
+        MEETING.append("start")
+        MEETING_ROOM.notify_all()
+        met = MEETING_ROOM.wait_for(lambda: MEETING.count("start") >= peers, seconds)
+        MEETING.append("end")
+    return "met" if met else "alone"
+
+
 class ScriptedReplica:
     """A ``ReplicaLike`` answering turn ``k`` of an episode with ``script[k]`` (text, then the end token).
 
@@ -217,17 +236,17 @@ def test_each_turn_aborted_mid_way_continues_from_its_prefix_and_each_tool_runs_
 
 def test_a_slow_tool_does_not_hold_the_loop_other_episodes_keep_generating(smollm2_tokenizer) -> None:
     tok = smollm2_tokenizer
-
-    nap = '<tool_call>{"name": "slow", "arguments": {"seconds": 0.5}}</tool_call>'
-    replica = ScriptedReplica("r0", tok, [nap, "done"])
-    driver = EpisodeDriver(
-        AgenticConfig(tools=("tests/agentic/my_tools.py:slow",), tool_timeout_s=5), tok, max_turn_tokens=64
-    )
-    t0 = time.monotonic()
+    MEETING.clear()
+    # each of four episodes calls a sync tool that returns only once all four calls are in it at once: possible
+    # only if the calls run in the pool together, not one after another on the loop
+    wait = '<tool_call>{"name": "meet", "arguments": {"peers": 4, "seconds": 3.0}}</tool_call>'
+    replica = ScriptedReplica("r0", tok, [wait, "done"])
+    driver = driver_for(tok, [meet], tool_timeout_s=10)
     samples = run_episodes([replica], driver, n=4)
-    elapsed = time.monotonic() - t0
-    # four episodes each sleep 0.5 s in a sync tool: in the pool together, not one after another on the loop
-    assert len(samples) == 4 and elapsed < 1.6, elapsed
+    assert len(samples) == 4
+    assert MEETING == ["start"] * 4 + ["end"] * 4, MEETING
+    answers = [m["content"] for s in samples for m in s.metadata["episode"]["messages"] if m["role"] == "tool"]
+    assert answers == ["met"] * 4, answers
 
 
 def test_bad_input_is_one_line_before_anything_starts(smollm2_tokenizer) -> None:

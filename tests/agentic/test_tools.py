@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -87,18 +87,49 @@ def test_runner_answers_sync_and_async_tools() -> None:
     runner.close()
 
 
+def _blocking_tools(gate: threading.Event, finished: list[str]) -> list[Any]:
+    """``slow`` blocks its thread until ``gate`` is set, ``slow_async`` sleeps on the loop; each appends its name to
+    ``finished`` if it ever returns (at most ``seconds`` later)."""
+
+    def slow(seconds: float) -> str:
+        """Block until the gate opens, then answer.
+
+        Args:
+            seconds: The longest wait.
+        """
+        gate.wait(seconds)
+        finished.append("slow")
+        return "done"
+
+    async def slow_async(seconds: float) -> str:
+        """Sleep on the loop, then answer.
+
+        Args:
+            seconds: How long to sleep.
+        """
+        await asyncio.sleep(seconds)
+        finished.append("slow_async")
+        return "done"
+
+    return [tool_from_callable(slow), tool_from_callable(slow_async)]
+
+
 def test_runner_turns_every_fault_into_a_counted_error_message() -> None:
-    runner = ToolRunner(load_tools([f"{FILE}:add", f"{FILE}:broken", f"{FILE}:slow", f"{FILE}:slow_async"]), 0.3)
-    t0 = time.perf_counter()
-    results = _run(
-        runner,
-        ToolCall("nope", {}),
-        ToolCall("add", {"a": 1}),
-        ToolCall("broken", {"x": 1}),
-        ToolCall("slow", {"seconds": 2.0}),
-        ToolCall("slow_async", {"seconds": 2.0}),
-    )
-    assert time.perf_counter() - t0 < 1.8  # the timeouts answered, neither sleep awaited
+    gate = threading.Event()
+    finished: list[str] = []
+    runner = ToolRunner([*load_tools([f"{FILE}:add", f"{FILE}:broken"]), *_blocking_tools(gate, finished)], 0.3)
+    try:
+        results = _run(
+            runner,
+            ToolCall("nope", {}),
+            ToolCall("add", {"a": 1}),
+            ToolCall("broken", {"x": 1}),
+            ToolCall("slow", {"seconds": 5.0}),
+            ToolCall("slow_async", {"seconds": 5.0}),
+        )
+        assert finished == []  # the timeouts answered while neither slow tool had returned: neither was awaited
+    finally:
+        gate.set()
     assert [r.error for r in results] == ["unknown", "arguments", "raised", "timeout", "timeout"]
     assert "no tool 'nope'" in results[0].content and "Tools: add, broken, slow, slow_async" in results[0].content
     assert "missing a required argument: 'b'" in results[1].content

@@ -8,6 +8,7 @@ Fake replicas answer ``health()`` on a real :class:`EventLoopThread`; the sample
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +34,8 @@ def ts(t: float) -> float:
 
 class _Replica:
     """A replica's ``health()`` as the runtime's handle returns it: tokens generated (finished and in flight), the
-    node it runs on and its ``time.monotonic()`` when it read them."""
+    node it runs on and its ``time.monotonic()`` when it read them; with a ``gate``, it answers once the gate is
+    set (or after 3 s)."""
 
     def __init__(
         self,
@@ -45,6 +47,7 @@ class _Replica:
         delay_s: float = 0.0,
         error: Exception | None = None,
         counts: bool = True,
+        gate: threading.Event | None = None,
     ) -> None:
         self.replica_id = replica_id
         self.generated, self.in_flight = generated, in_flight
@@ -52,6 +55,7 @@ class _Replica:
         self.delay_s = delay_s
         self.error = error
         self.counts = counts
+        self.gate = gate
         self.calls = 0
         self.read_at: list[float] = []
 
@@ -59,6 +63,8 @@ class _Replica:
         self.calls += 1
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
+        if self.gate is not None:
+            await asyncio.to_thread(self.gate.wait, 3.0)
         if self.error is not None:
             raise self.error
         if not self.counts:  # an engine that does not count tokens
@@ -88,9 +94,9 @@ def writer(tmp_path: Path) -> Iterator[TraceWriter]:
     tw.close()
 
 
-def make_probe(writer: TraceWriter, loop: EventLoopThread) -> DecodeProgressProbe:
+def make_probe(writer: TraceWriter, loop: EventLoopThread, clock: Any = time.monotonic) -> DecodeProgressProbe:
     return DecodeProgressProbe(
-        writer, loop, ts, RolloutRuntime.trace_track, local_node_id=lambda: HERE_NODE, timeout_s=5.0
+        writer, loop, ts, RolloutRuntime.trace_track, local_node_id=lambda: HERE_NODE, timeout_s=5.0, clock=clock
     )
 
 
@@ -104,12 +110,13 @@ def test_each_answering_replica_gets_one_sample_of_its_total_and_requests_at_the
 ) -> None:
     probe = make_probe(writer, loop)
     here = _Replica("standalone-0", 100, 20)
-    elsewhere = _Replica("standalone-1", 7, 5, node_id="node-other", delay_s=0.05)
-    t_before = time.monotonic()
-    assert probe.probe([here, elsewhere]) == 2
-    wait_for(lambda: probe.outstanding == 0)
-    t_after = time.monotonic()
-    assert probe.written == 2 and probe.failed == 0
+    assert probe.probe([here]) == 1
+    readings = iter([100.0, 104.0])  # the trainer's clock when the call to the other node was sent, and answered
+    other = make_probe(writer, loop, clock=lambda: next(readings))
+    elsewhere = _Replica("standalone-1", 7, 5, node_id="node-other")
+    assert other.probe([elsewhere]) == 1
+    wait_for(lambda: probe.outstanding == 0 and other.outstanding == 0)
+    assert probe.written == other.written == 1 and probe.failed == other.failed == 0
     writer.close()
     trace = load_trace(writer.path)
     (s0,) = trace.counter_series("generated_tokens.standalone_0")
@@ -120,29 +127,33 @@ def test_each_answering_replica_gets_one_sample_of_its_total_and_requests_at_the
     assert r0.value == 3 and r0.t == s0.t
     # on the trainer's node: the replica's own reading (the file keeps microseconds)
     assert s0.t == pytest.approx(ts(here.read_at[0]), abs=2e-6)
-    # on another node: the middle of the call (its clock is not the trainer's), ~25 ms after its 50 ms reply began
-    assert ts(t_before) <= s1.t <= ts(t_after)
-    assert s1.t < ts(elsewhere.read_at[0]) - 0.01
+    # on another node: the middle of the call on the trainer's clock (its own clock is not the trainer's)
+    assert s1.t == pytest.approx(ts(102.0), abs=2e-6)
 
 
-def test_probe_returns_at_once_while_a_replica_takes_a_second_to_answer(
-    writer: TraceWriter, loop: EventLoopThread
-) -> None:
+def test_probe_returns_before_the_replica_answers(writer: TraceWriter, loop: EventLoopThread) -> None:
     probe = make_probe(writer, loop)
-    slow = _Replica("standalone-0", delay_s=1.0)
-    t0 = time.perf_counter()
-    assert probe.probe([slow]) == 1
-    assert time.perf_counter() - t0 < 0.05
+    gate = threading.Event()
+    slow = _Replica("standalone-0", gate=gate)  # answers only once the gate opens, after probe() returned
+    try:
+        assert probe.probe([slow]) == 1
+        assert slow.read_at == [] and probe.outstanding == 1 and probe.written == 0  # returned, still unanswered
+    finally:
+        gate.set()
     wait_for(lambda: probe.outstanding == 0, timeout=5.0)
     assert [c.value for c in samples(writer, "standalone_0")] == [120]
 
 
 def test_a_replica_whose_previous_probe_has_not_answered_is_skipped(writer: TraceWriter, loop: EventLoopThread) -> None:
     probe = make_probe(writer, loop)
-    slow, fast = _Replica("standalone-0", delay_s=0.3), _Replica("standalone-1")
-    assert probe.probe([slow, fast]) == 2
-    wait_for(lambda: fast.calls == 1 and probe.outstanding == 1)
-    assert probe.probe([slow, fast]) == 1  # the slow one is still out: only the fast one is asked again
+    gate = threading.Event()
+    slow, fast = _Replica("standalone-0", gate=gate), _Replica("standalone-1")  # slow: answers once the gate opens
+    try:
+        assert probe.probe([slow, fast]) == 2
+        wait_for(lambda: fast.calls == 1 and probe.outstanding == 1)
+        assert probe.probe([slow, fast]) == 1  # the slow one is still out: only the fast one is asked again
+    finally:
+        gate.set()
     wait_for(lambda: probe.outstanding == 0)
     assert (slow.calls, fast.calls, probe.skipped) == (1, 2, 1)
     assert probe.probe([slow]) == 1  # answered: asked again
@@ -176,10 +187,12 @@ def test_close_drops_the_calls_still_out_and_nothing_is_written_after_it(
     writer: TraceWriter, loop: EventLoopThread
 ) -> None:
     probe = make_probe(writer, loop)
-    slow = _Replica("standalone-0", delay_s=0.3)
+    gate = threading.Event()
+    slow = _Replica("standalone-0", gate=gate)  # answers only once the gate opens: after the close
     assert probe.probe([slow]) == 1
     probe.close()
     writer.close()  # what the runtime's stop does next
+    gate.set()
     time.sleep(0.5)  # the call would have answered by now
     assert probe.outstanding == 0 and probe.written == 0 and probe.failed == 0
     assert probe.probe([slow]) == 0

@@ -4,9 +4,9 @@ and the real SmolLM2-135M-Instruct directory (slow: ~50 s to prepare, ~40 s for 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -207,7 +207,9 @@ def test_lhr_dispatches_prepare_model(fake: FakeSource, tmp_path: Path, capsys) 
 
 
 @pytest.mark.slow
-def test_smollm2_dir_is_a_llama_chat_model_equal_to_the_gguf(smollm2_dir: Path) -> None:
+def test_smollm2_dir_is_a_llama_chat_model_equal_to_the_gguf(
+    smollm2_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -250,6 +252,12 @@ def test_smollm2_dir_is_a_llama_chat_model_equal_to_the_gguf(smollm2_dir: Path) 
     assert kl.max() < 0.01  # measured 0.001
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.95  # measured 1.0
 
-    t = time.perf_counter()
+    # prepared already: a second call converts nothing and leaves every file as it is
+    def no_conversion(*args: Any) -> dict[str, Any]:
+        raise AssertionError("a prepared directory was converted again")
+
+    entry = pretrained.PRETRAINED["smollm2-135m-instruct"]
+    monkeypatch.setitem(pretrained.PRETRAINED, entry.name, dataclasses.replace(entry, convert=no_conversion))
+    before = {p: p.stat().st_mtime_ns for p in smollm2_dir.rglob("*")}
     assert prepare_model("smollm2-135m-instruct", smollm2_dir) == smollm2_dir
-    assert time.perf_counter() - t < 5.0
+    assert {p: p.stat().st_mtime_ns for p in smollm2_dir.rglob("*")} == before

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -157,20 +158,24 @@ def test_a_failed_call_in_zero_mode_scores_that_function_zero_and_counts_the_err
     assert stats["train/rewards/ones_mean"] == 1.0
 
 
-def stuck_function(release: threading.Event) -> Any:
+def stuck_function(release: threading.Event, returned: list[str] | None = None) -> Any:
+    """A function that blocks until ``release`` is set (at teardown), then appends ``"returned"`` to ``returned``."""
+
     def stuck(completions: Any, **kwargs: Any) -> list[float]:
         release.wait(10)
+        if returned is not None:
+            returned.append("returned")
         return [1.0] * len(completions)
 
     return stuck
 
 
 def test_a_timed_out_call_in_fail_mode_raises_naming_the_function_and_prompt(release: threading.Event) -> None:
-    with RewardRunner([fn_of(stuck_function(release))], timeout_s=0.2, on_error="fail", workers=2) as runner:
-        start = time.monotonic()
+    returned: list[str] = []
+    with RewardRunner([fn_of(stuck_function(release, returned))], timeout_s=0.2, on_error="fail", workers=2) as runner:
         with pytest.raises(RewardFunctionError) as err:
             score(runner, make_group(2, prompt_index=5))
-        assert time.monotonic() - start < 2.0
+        assert returned == [] and not release.is_set()  # raised while the stuck call still runs: not awaited
         message = str(err.value)
         assert "reward function 'stuck' (test:stuck) failed on prompt 5: timed out after 0.2 s" in message
         assert "raise reward_timeout_s" in message and "\n" not in message
@@ -179,11 +184,12 @@ def test_a_timed_out_call_in_fail_mode_raises_naming_the_function_and_prompt(rel
 
 
 def test_a_timed_out_call_in_zero_mode_scores_zero_and_frees_the_group(release: threading.Event) -> None:
-    runner = RewardRunner([fn_of(ones), fn_of(stuck_function(release))], timeout_s=0.2, on_error="zero", workers=3)
+    returned: list[str] = []
+    stuck = stuck_function(release, returned)
+    runner = RewardRunner([fn_of(ones), fn_of(stuck)], timeout_s=0.2, on_error="zero", workers=3)
     with runner:
-        start = time.monotonic()
         result = score(runner, make_group(2))
-        assert time.monotonic() - start < 2.0
+        assert returned == [] and not release.is_set()  # the group is scored while the stuck call still runs
         assert result.rewards == [1.0, 1.0] and result.per_function["stuck"] == [0.0, 0.0]
         assert runner.score_group_sync(make_group(2)).errors == 1
         assert runner.take_stats()["train/reward_errors"] == 2.0
@@ -245,46 +251,61 @@ def test_call_durations_come_from_the_injected_clock() -> None:
 
 
 def test_scoring_runs_off_the_event_loop() -> None:
-    def slow(completions: Any, **kwargs: Any) -> list[float]:
-        time.sleep(0.4)
+    """The function waits for a coroutine on the scoring loop to run: it only can if the call is off that loop."""
+    started, loop_ran = threading.Event(), threading.Event()
+    saw_the_loop: list[bool] = []
+
+    def waits_for_the_loop(completions: Any, **kwargs: Any) -> list[float]:
+        started.set()
+        saw_the_loop.append(loop_ran.wait(5))  # False: the loop was held while this call ran
         return [1.0] * len(completions)
 
-    async def main(runner: RewardRunner) -> tuple[int, float]:
-        ticks, gaps = 0, []
+    async def main(runner: RewardRunner) -> None:
+        async def on_the_loop() -> None:
+            while not started.is_set():
+                await asyncio.sleep(0.001)
+            loop_ran.set()
 
-        async def ticker(done: asyncio.Event) -> None:
-            nonlocal ticks
-            last = time.monotonic()
-            while not done.is_set():
-                await asyncio.sleep(0.01)
-                ticks += 1
-                gaps.append(time.monotonic() - last)
-                last = time.monotonic()
-
-        done = asyncio.Event()
-        task = asyncio.create_task(ticker(done))
+        task = asyncio.create_task(on_the_loop())
         await asyncio.sleep(0)
         await runner.score_group(make_group(2))
-        done.set()
         await task
-        return ticks, max(gaps)
 
-    with RewardRunner([fn_of(slow)]) as runner:
-        ticks, worst_gap = asyncio.run(main(runner))
-    assert ticks >= 10 and worst_gap < 0.2
+    with RewardRunner([fn_of(waits_for_the_loop)]) as runner:
+        asyncio.run(main(runner))
+    assert saw_the_loop == [True]
+
+
+def _overlap_recorder(wait_s: float) -> tuple[list[tuple[str, str]], Callable[[str], Any]]:
+    """Reward functions that log ``(start|end, name)`` and, once started, wait up to ``wait_s`` for every other
+    function to start too: with room for all, all start before any ends; without, none overlaps another."""
+    events: list[tuple[str, str]] = []
+    cond = threading.Condition()
+
+    def make(name: str) -> Any:
+        def fn(completions: Any, **kwargs: Any) -> list[float]:
+            with cond:
+                events.append(("start", name))
+                cond.notify_all()
+                cond.wait_for(lambda: sum(kind == "start" for kind, _ in events) >= 2, wait_s)
+                events.append(("end", name))
+            return [1.0] * len(completions)
+
+        return fn
+
+    return events, make
 
 
 def test_the_functions_of_a_group_run_concurrently_up_to_workers() -> None:
-    def slow(completions: Any, **kwargs: Any) -> list[float]:
-        time.sleep(0.3)
-        return [1.0] * len(completions)
+    events, make = _overlap_recorder(wait_s=10.0)  # 2 workers: both start at once, no wait
+    with RewardRunner([fn_of(make("a"), name="a"), fn_of(make("b"), name="b")], workers=2) as runner:
+        score(runner, make_group(1))
+    assert [kind for kind, _ in events] == ["start", "start", "end", "end"], events
 
-    fns = [fn_of(slow, name="a"), fn_of(slow, name="b")]
-    for workers, low, high in [(2, 0.25, 0.55), (1, 0.6, 2.0)]:
-        with RewardRunner(fns, workers=workers) as runner:
-            start = time.monotonic()
-            score(runner, make_group(1))
-            assert low < time.monotonic() - start < high, workers
+    events, make = _overlap_recorder(wait_s=0.3)  # 1 worker: each waits in vain for the other, then ends
+    with RewardRunner([fn_of(make("a"), name="a"), fn_of(make("b"), name="b")], workers=1) as runner:
+        score(runner, make_group(1))
+    assert [kind for kind, _ in events] == ["start", "end", "start", "end"], events
 
 
 def test_a_process_pool_loads_the_functions_again_in_its_workers_and_scores() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
+import contextlib
 
 from lightning_hybrid_rollout.rollout.engine import GenerationResult, SamplingSpec, generate_group
 from lightning_hybrid_rollout.rollout.message_queue import MessageQueue
@@ -109,17 +109,31 @@ def test_one_failing_request_is_retried_alone_while_its_group_finishes():
 
 
 def test_generate_group_without_the_method_awaits_each_request_and_keeps_errors_per_request():
+    log: list[str] = []
+
     class Plain:
+        """Each good request waits (at most 2 s) until both good ones have started: at once only if concurrent."""
+
+        def __init__(self) -> None:
+            self.both_started = asyncio.Event()
+
         async def generate(self, rid, ids, spec):
             if rid == "bad":
                 raise ValueError("bad request")
-            await asyncio.sleep(0.01)
+            log.append(f"start {rid}")
+            if log.count("start x") + log.count("start y") == 2:
+                self.both_started.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.both_started.wait(), 2.0)
+            log.append(f"end {rid}")
             return GenerationResult(rid, [1] * spec.max_tokens, [0.0] * spec.max_tokens, "length", 3)
 
+    async def main():
+        return await generate_group(Plain(), [("x", [1], spec), ("bad", [1], spec), ("y", [1], spec)])
+
     spec = SamplingSpec(max_tokens=2)
-    t0 = time.monotonic()
-    out = asyncio.run(generate_group(Plain(), [("x", [1], spec), ("bad", [1], spec), ("y", [1], spec)]))
-    assert time.monotonic() - t0 < 0.5
+    out = asyncio.run(main())
+    assert log[:2] == ["start x", "start y"] and sorted(log[2:]) == ["end x", "end y"], log  # awaited together
     assert [o.request_id for o in (out[0], out[2])] == ["x", "y"] and isinstance(out[1], ValueError)
 
 
