@@ -371,7 +371,7 @@ class HybridRolloutCallback(Callback):
             agentic=self.agentic,
         )
         self._tokenizer = self._workload.tokenizer
-        from lightning_hybrid_rollout.lightning.validation import attach_validation
+        from lightning_hybrid_rollout.lightning.attach_validation import attach_validation
 
         datamodule = getattr(trainer, "datamodule", None)
         self._validation = attach_validation(

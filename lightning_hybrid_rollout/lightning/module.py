@@ -273,7 +273,7 @@ class GRPOModule(LightningModule):
         With the callback's validation set (:class:`~lightning_hybrid_rollout.lightning.validation.ValidationSet`):
         up to ``rollout.response_length`` tokens, the run's stop tokens, ``val_n`` samples per prompt; the epoch's
         ``val/reward``, ``val/pass@1``, ``val/pass@<n>`` are logged at its end. An agentic run's set
-        (:class:`~lightning_hybrid_rollout.lightning.validation.EpisodeValidationSet`) plays each prompt as one
+        (:class:`~lightning_hybrid_rollout.lightning.episode_validation.EpisodeValidationSet`) plays each prompt as one
         whole greedy episode against the run's environment and tools (``val/episode_reward``, ``val/turns``). With
         ``val_task``: greedy answers of 8 tokens scored by the task's reward (``val/reward``).
 

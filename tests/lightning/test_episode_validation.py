@@ -22,13 +22,12 @@ import yaml
 from lightning_hybrid_rollout.agentic import AgenticConfig, EpisodeDriver
 from lightning_hybrid_rollout.errors import ConfigError
 from lightning_hybrid_rollout.lightning import cli
+from lightning_hybrid_rollout.lightning.attach_validation import attach_validation
+from lightning_hybrid_rollout.lightning.episode_validation import EpisodeValidationResult, EpisodeValidationSet
 from lightning_hybrid_rollout.lightning.validation import (
     VAL_EPISODE_REWARD,
     VAL_TURNS,
-    EpisodeValidationResult,
-    EpisodeValidationSet,
     ValidationSet,
-    attach_validation,
 )
 from lightning_hybrid_rollout.lightning.workload import PROMPT_KEY, RESERVED_KEYS, ResetPrompts, Workload
 from lightning_hybrid_rollout.models.tiny_model import EOS_ID, build_tiny_tokenizer
