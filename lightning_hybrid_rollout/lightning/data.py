@@ -513,7 +513,8 @@ class RolloutDataModule(LightningDataModule):
             ``val/pass@<val_n>``).
         val_prompts: The most held-out prompts.
         val_batch_size: Prompts per validation batch.
-        val_seed: Seed of ``val_task``'s held-out prompt stream (different from the rollout's default seed 0).
+        val_seed: Seed of ``val_task``'s held-out prompt stream, and of an agentic run's held-out episodes (record ``i``
+            resets its environment with ``val_seed + i``); different from the rollout's default seed 0.
         val_n: Samples per held-out prompt (pass@k for k = 1 and ``val_n``).
         val_temperature: Sampling temperature of validation (``None``: greedy when ``val_n == 1``, else 1.0).
         val_pass_threshold: A sample passes (for pass@k) when its reward is at least this.
