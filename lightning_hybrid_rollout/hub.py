@@ -23,6 +23,8 @@ __all__ = ["MODEL_FILES", "hub_cache_dir", "hub_offline", "is_hub_id", "resolve_
 MODEL_FILES: tuple[str, ...] = ("*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken", "*.py")
 _ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 _TRUE = {"1", "on", "true", "yes"}
+#: Snapshot directories resolved in this process, by (id, revision, kind, patterns, cache, offline).
+_RESOLVED: dict[tuple[object, ...], str] = {}
 _FILE_SUFFIXES = {".jsonl", ".json", ".parquet", ".csv", ".arrow", ".txt", ".yaml", ".yml", ".py", ".gguf"}
 
 
@@ -63,9 +65,12 @@ def _snapshot(repo_id: str, revision: str | None, repo_type: str, key: str, allo
 
     offline = hub_offline()
     cache = hub_cache_dir()
+    seen = (repo_id, revision, repo_type, allow, str(cache), offline)
+    if seen in _RESOLVED:  # once per process: setup, the engine-args check and val_path ask for the same id
+        return _RESOLVED[seen]
     what = f"{key} {repo_id!r}" + (f" (revision {revision!r})" if revision else "")
     try:
-        return snapshot_download(
+        _RESOLVED[seen] = snapshot_download(
             repo_id,
             repo_type=repo_type,
             revision=revision,
@@ -73,6 +78,7 @@ def _snapshot(repo_id: str, revision: str | None, repo_type: str, key: str, allo
             local_files_only=offline,
             allow_patterns=list(allow) if allow else None,
         )
+        return _RESOLVED[seen]
     except RevisionNotFoundError:
         raise ConfigError(
             f"{what}: the hub repository has no such revision; give a branch, tag or commit it has, or drop it."

@@ -75,3 +75,19 @@ def test_a_hub_id_passes_the_model_check_but_a_build_target_of_the_same_shape_do
     # with build_model on, 'runs/tiny' is where the tiny model is built (outside the run dir: refused as before)
     (problem,) = model_path_problems("runs/tiny", None, build_model=True, run_dir=tmp_path / "run")
     assert "outside the run's directory" in problem
+
+
+def test_an_id_is_resolved_once_per_process_and_cache(offline_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub
+
+    calls: list[str] = []
+    real = huggingface_hub.snapshot_download
+
+    def counted(repo_id: str, **kwargs: object) -> str:
+        calls.append(repo_id)
+        return real(repo_id, **kwargs)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", counted)
+    for _ in range(3):  # the callback's setup, the engine-args check, a second key naming the same id
+        assert Path(resolve_model_path(MODEL_ID, revision="v1")) == offline_cache
+    assert calls == [MODEL_ID]

@@ -223,8 +223,8 @@ class EpisodeValidationSet(ValidationSet):
 
         Args:
             workload: The run's workload.
-            n: Episodes per prompt: must be 1 (greedy).
-            temperature: Must be ``None`` or 0 (greedy).
+            n: Samples per prompt of single-answer validation: unused (one greedy episode per prompt), logged if not 1.
+            temperature: Unused likewise (episodes are greedy), logged if not ``None`` or 0.
             pass_threshold: An episode passes when its reward is ``>=`` this.
             batch_size: Episodes per batch.
             limit: The most episodes.

@@ -32,6 +32,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 import lightning_hybrid_rollout.lightning  # noqa: F401  (registers the hybrid strategies)
+from tests.lightning._strategy_common import _local
 
 SEQ = 32
 BATCH = 4
@@ -66,15 +67,6 @@ class TinyLM(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=1e-3, weight_decay=0.01)
-
-
-def _local(t: Tensor) -> Tensor:
-    if hasattr(t, "ds_tensor"):  # DeepSpeed ZeRO-3 parameter: its partition is the real storage
-        t = t.ds_tensor
-    to_local = getattr(t, "to_local", None)
-    if callable(to_local):  # DTensor (FSDP2)
-        t = to_local()
-    return t.detach()
 
 
 def device_tensors(strategy: Any) -> dict[str, Tensor]:
