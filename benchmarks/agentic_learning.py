@@ -40,7 +40,7 @@ def write_config(root: Path, max_steps: int, minutes: int) -> tuple[Path, dict[s
     t["logger"]["init_args"]["save_dir"] = str(root)
     cb = t["callbacks"][0]["init_args"]
     cb["rollout"]["model_path"] = str(root / "model")
-    cb["environment"] = str(REPO / "examples" / "agentic" / "guess_env.py") + ":GuessNumber"
+    cb["agentic"]["environment"] = str(REPO / "examples" / "agentic" / "guess_env.py") + ":GuessNumber"
     # every step: a fit stopped by max_time leaves last.ckpt at its last step, not at the last multiple of 10
     t["callbacks"][1]["init_args"].update(dirpath=str(root / "checkpoints"), every_n_train_steps=1)
     path = root / "smollm2_agentic_cpu.yaml"
@@ -65,10 +65,10 @@ def evaluate(model_dir: Path, cb: dict[str, Any], episodes: int, run_dir: Path) 
     tok = AutoTokenizer.from_pretrained(model_dir)
     rollout = cb["rollout"]
     agentic = AgenticConfig(
-        environment=cb["environment"],
-        environment_kwargs=cb.get("environment_kwargs") or {},
-        max_turns=cb["max_turns"],
-        max_episode_tokens=cb["max_episode_tokens"],
+        environment=cb["agentic"]["environment"],
+        environment_kwargs=cb["agentic"].get("environment_kwargs") or {},
+        max_turns=cb["agentic"]["max_turns"],
+        max_episode_tokens=cb["agentic"]["max_episode_tokens"],
     )
     driver = EpisodeDriver(agentic, tok, max_turn_tokens=rollout["response_length"])
     cfg = VLLMEngineConfig(

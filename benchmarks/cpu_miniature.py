@@ -94,7 +94,7 @@ DEFAULT_POLICIES = (STATIC, "default", "rate_matched", "hysteresis_ratio")
 
 #: Methods whose wall time the worker accumulates (class-level wrappers, this process only; library untouched).
 _TIMED = {
-    "lightning_hybrid_rollout.lightning.runtime:HybridReplicaPool": (
+    "lightning_hybrid_rollout.run.runtime:HybridReplicaPool": (
         "wake_up_replicas",
         "sync_weights",
         "add_replicas",
@@ -252,7 +252,7 @@ def _worker(spec_path: str) -> None:
         "train_wall_s": recorder.t_end - recorder.t_start,
         "step_ends_s": recorder.step_ends,
         "global_step": trainer.global_step,
-        "switch_totals": hybrid_cb.switch_totals,
+        "switch_totals": hybrid_cb.run.switch_totals,
         "final_deactivate_ratio": hybrid_cb.policy.deactivate_ratio,
         "timings": timings,
         "rollouter_counters": recorder.counters,

@@ -58,7 +58,7 @@ def write_config(root: Path, max_steps: int, minutes: int, arm: str = "full") ->
     cb = t["callbacks"][0]["init_args"]
     cb["rollout"]["model_path"] = str(root / "model")
     cb["dataset"].update(path=str(root / "data" / "train.jsonl"), val_path=str(root / "data" / "val.jsonl"))
-    cb["reward_funcs"] = [str(REPO / "examples" / "smollm2" / "rewards.py") + ":sum_correct"]
+    cb["rewards"]["reward_funcs"] = [str(REPO / "examples" / "smollm2" / "rewards.py") + ":sum_correct"]
     ckpt = t["callbacks"][1]["init_args"]
     # a short run still leaves a checkpoint to validate (a long one keeps the example's cadence)
     ckpt.update(dirpath=str(run_dir / "checkpoints"), every_n_train_steps=min(ckpt["every_n_train_steps"], max_steps))

@@ -28,12 +28,25 @@ adapter alone (``adapter``), each ``--repeats`` verified pushes (median seconds)
 weights do. Its LAST line is ``ratio: X.X`` = full-sync seconds / adapter-sync seconds; the lines before it give the
 bytes and activation ratios.
 
+``--delta`` measures the exact delta sync instead (issue #46, ``rollout.weight_encoding: delta``) on
+SmolLM2-135M-Instruct (``$LHR_SMOLLM2_DIR``, else ``runs/smollm2/model`` when prepared, else prepared under ``--out``),
+fully fine-tuned as ``examples/smollm2_cpu.yaml`` trains it: float32 weights, AdamW lr 3e-5, betas (0.9, 0.99),
+gradient clipping 1.0, each step a GRPO-style policy-gradient step on sum prompts answered by the replica (4 prompts
+x 4 samples, group-normalized rewards). Two replicas hold the weights: ``float32`` (the example's ``rollout.dtype``)
+and ``bfloat16``. After each of ``--repeats`` steps every replica takes the new version three ways, each verified by
+checksum: as a delta (``weight_encoding: delta``: the encode on the trainer, the push, the apply), in full as the
+trainer holds it (``weight_encoding: full``) and in full in the engine's dtype (what ``delta`` sends a replica it
+cannot send a delta to). It prints, per engine dtype, the changed fraction, the bytes and the median seconds of each;
+the LAST line is ``ratio: X.XX`` = bytes of a ``full`` sync / bytes of a delta sync at the example's float32 (the line
+before it: at bfloat16).
+
 Usage::
 
     python benchmarks/weight_sync.py [--hidden 512 --layers 5 --repeats 5 --bucket-mb 32]
     python benchmarks/weight_sync.py --transport ray     # the path replicas on other nodes take
     python benchmarks/weight_sync.py --staged            # staged pushes: how long generation is paused
     python benchmarks/weight_sync.py --lora --repeats 3  # adapter-only vs full sync of SmolLM2-135M (r=16)
+    python benchmarks/weight_sync.py --delta --repeats 4  # delta vs full sync of SmolLM2-135M, full fine-tuning
 """
 
 from __future__ import annotations
@@ -206,16 +219,16 @@ async def bench_lora(args: argparse.Namespace, model_dir: Path, rt: Any) -> None
     import torch
     from transformers import AutoModelForCausalLM
 
-    from lightning_hybrid_rollout.lightning.lora import (
+    from lightning_hybrid_rollout.rollout.replica import ReplicaSpec
+    from lightning_hybrid_rollout.rollout.vllm.config import VLLMEngineConfig
+    from lightning_hybrid_rollout.rollout.weights.push import push_weights_async
+    from lightning_hybrid_rollout.training.lora import (
         adapter_groups,
         engine_lora_config,
         inject_lora,
         lora_config_from,
         merged_state_dict,
     )
-    from lightning_hybrid_rollout.rollout.replica import ReplicaSpec
-    from lightning_hybrid_rollout.rollout.vllm.config import VLLMEngineConfig
-    from lightning_hybrid_rollout.rollout.weights.push import push_weights_async
 
     config = lora_config_from(LORA_PEFT)
     policy = inject_lora(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), config)
@@ -282,6 +295,143 @@ async def bench_lora(args: argparse.Namespace, model_dir: Path, rt: Any) -> None
     print(f"ratio: {fs / ad:.1f}")
 
 
+DELTA_LR = 3e-5
+"""The SmolLM2 example's learning rate (``examples/smollm2_cpu.yaml``: ``model.init_args.lr``)."""
+
+
+async def bench_delta(args: argparse.Namespace, model_dir: Path, rt: Any) -> None:
+    """Delta vs full syncs of SmolLM2 after real optimizer steps, float32 and bfloat16 engines (see the module doc)."""
+    import random
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lightning_hybrid_rollout.rollout.engine import SamplingSpec
+    from lightning_hybrid_rollout.rollout.replica import ReplicaSpec
+    from lightning_hybrid_rollout.rollout.vllm.config import VLLMEngineConfig
+    from lightning_hybrid_rollout.rollout.weights.router import WeightRouter
+
+    common = {"model": str(model_dir), "kv_cache_memory_bytes": 64 * 2**20, "max_model_len": 256}
+    run_dir = str(args.out / "run")
+    specs = [
+        ReplicaSpec(dtype, "standalone", VLLMEngineConfig(**common, run_dir=run_dir, dtype=dtype), index=i)
+        for i, dtype in enumerate(("float32", "bfloat16"))
+    ]
+    t0 = time.perf_counter()
+    replicas = await rt.start_replicas_async(specs)
+    print(f"replicas up in {time.perf_counter() - t0:.1f} s (one core each): engine dtypes float32, bfloat16")
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    opt = torch.optim.AdamW(policy.parameters(), lr=DELTA_LR, betas=(0.9, 0.99), weight_decay=0.0)
+    rng = random.Random(0)
+    bb = args.bucket_mb * 2**20
+    delta = {r.replica_id: WeightRouter(args.transport, "delta") for r in replicas}
+    full = WeightRouter(args.transport, "full")
+
+    def weights() -> list[tuple[str, Any]]:
+        return [(k, v.detach()) for k, v in policy.state_dict().items()]
+
+    async def rl_step(step: int) -> float:
+        """One GRPO-style step: 4 sum prompts x 4 samples from the float32 replica, rewards normalized per group."""
+        spec = SamplingSpec(max_tokens=24, temperature=1.0, stop_token_ids=[tok.eos_token_id])
+        rows, adv = [], []
+        for p in range(4):
+            a, b = rng.randint(1, 20), rng.randint(1, 20)
+            msgs = [{"role": "user", "content": f"What is {a} + {b}? Answer with the number only."}]
+            prompt = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+            prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+            outs = await asyncio.gather(*(replicas[0].generate(f"s{step}-{p}-{i}", prompt, spec) for i in range(4)))
+            rewards = [float(str(a + b) in tok.decode(o.token_ids)) for o in outs]
+            mean, std = statistics.mean(rewards), statistics.pstdev(rewards)
+            for o, rw in zip(outs, rewards):
+                rows.append((prompt, list(o.token_ids)))
+                adv.append((rw - mean) / (std + 1e-4) if std > 0 else rw - 0.5)  # a flat group still pushes
+        opt.zero_grad()
+        for (prompt, resp), a in zip(rows, adv):
+            ids = torch.tensor([prompt + resp])
+            logp = torch.log_softmax(policy(ids).logits[0, :-1].float(), -1)
+            pos = torch.arange(len(prompt) - 1, ids.shape[1] - 1)
+            tok_logp = logp[pos, ids[0, len(prompt) :]]
+            loss = -(a * tok_logp.sum()) / len(rows)
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        opt.step()
+        return sum(1 for x in adv if x > 0) / len(adv)
+
+    # version 1: each replica in full, the delta state primed
+    for r in replicas:
+        await full.push(weights(), [r], 1, bucket_bytes=bb)
+        await delta[r.replica_id].push(weights(), [r], 1, bucket_bytes=bb)
+    rows: dict[str, list[dict[str, float]]] = {r.replica_id: [] for r in replicas}
+    for step in range(args.repeats):
+        t = time.perf_counter()
+        await rl_step(step)
+        train_s = time.perf_counter() - t
+        v = step + 2
+        for r in replicas:
+            router = delta[r.replica_id]
+            d = await router.push(weights(), [r], v, bucket_bytes=bb)  # the delta from v-1
+            f = await full.push(weights(), [r], v, bucket_bytes=bb)  # weight_encoding: full (drops the copy)
+            assert router.delta is not None
+            router.delta.forget(r)  # so this push is delta's full sync in the engine's dtype (copy rebuilt)
+            e = await router.push(weights(), [r], v, bucket_bytes=bb)
+            for rep in (d, f, e):
+                assert set(rep.replica_checksums.values()) == {rep.checksum}  # every sync verified
+            assert e.encoding == "full" and f.encoding == "full"
+            rows[r.replica_id].append(
+                {
+                    "fraction": float(d.changed_fraction or 0.0),
+                    "delta_b": d.bytes,
+                    "delta_s": d.seconds,
+                    "encode_s": d.encode_seconds,
+                    "full_b": f.bytes,
+                    "full_s": f.seconds,
+                    "engine_b": e.bytes,
+                    "engine_s": e.seconds,
+                    "delta_kind": d.encoding == "delta",
+                }
+            )
+            print(
+                f"step {step + 1} ({train_s:.1f} s) {r.replica_id:8s}: changed {d.changed_fraction:.4f}, "
+                f"{d.encoding} {d.bytes / 1e6:.1f} MB in {d.seconds:.2f} s (encode {d.encode_seconds:.2f} s) | "
+                f"full {f.bytes / 1e6:.1f} MB in {f.seconds:.2f} s | full in engine dtype {e.bytes / 1e6:.1f} MB in "
+                f"{e.seconds:.2f} s"
+            )
+    ratios = {}
+    for rid, rs in rows.items():
+        med = {k: statistics.median(x[k] for x in rs) for k in rs[0]}
+        ratios[rid] = med["full_b"] / med["delta_b"]
+        print(
+            f"{rid} engine (medians of {len(rs)} steps, lr {DELTA_LR:g}, transport {args.transport}): changed fraction "
+            f"{med['fraction']:.4f}; delta {med['delta_b'] / 1e6:.1f} MB in {med['delta_s']:.2f} s (encode "
+            f"{med['encode_s']:.2f} s; a delta in {sum(x['delta_kind'] for x in rs)}/{len(rs)} steps); full "
+            f"(trainer float32) {med['full_b'] / 1e6:.1f} MB in {med['full_s']:.2f} s; full in the engine's dtype "
+            f"{med['engine_b'] / 1e6:.1f} MB in {med['engine_s']:.2f} s"
+        )
+    print(f"bytes ratio (full / delta), bfloat16 engine: {ratios['bfloat16']:.2f}")
+    print(f"ratio: {ratios['float32']:.2f}")
+
+
+def _main_delta(args: argparse.Namespace) -> None:
+    from lightning_hybrid_rollout.models.pretrained import prepare_model
+    from lightning_hybrid_rollout.rollout.ray_runtime import RayRuntime
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    prepared = Path("runs/smollm2/model")
+    target = os.environ.get("LHR_SMOLLM2_DIR") or (
+        prepared if (prepared / "config.json").exists() else args.out / "smollm2-135m-instruct"
+    )
+    model_dir = prepare_model("smollm2-135m-instruct", target)
+    print(f"model ready in {time.perf_counter() - t0:.1f} s at {model_dir}")
+    rt = RayRuntime(num_cpus=max(2, len(os.sched_getaffinity(0))), object_store_memory=768 * 2**20)
+    rt.start()
+    try:
+        asyncio.run(bench_delta(args, model_dir, rt))
+    finally:
+        rt.shutdown()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hidden", type=int, default=512)
@@ -296,11 +446,17 @@ def main() -> None:
     parser.add_argument(
         "--lora", action="store_true", help="adapter-only vs full sync of SmolLM2-135M-Instruct (r=16 on q/k/v/o)"
     )
+    parser.add_argument(
+        "--delta", action="store_true", help="delta vs full syncs of SmolLM2-135M-Instruct after real optimizer steps"
+    )
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "lhr-bench-weight-sync")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.lora:
         _main_lora(args)
+        return
+    if args.delta:
+        _main_delta(args)
         return
 
     from lightning_hybrid_rollout.models.tiny_model import build_tiny_model

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import difflib
 import inspect
 import itertools
 import math
@@ -27,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, TypeVar
 
+from lightning_hybrid_rollout.did_you_mean import did_you_mean
 from lightning_hybrid_rollout.errors import ConfigError as ConfigError  # re-exported
 
 __all__ = [
@@ -53,6 +53,9 @@ DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "auto")
 WEIGHT_TRANSPORTS: tuple[str, ...] = ("auto", "node_shm", "ray", "collective", "cuda_ipc")
 """Accepted values of :attr:`RolloutConfig.weight_transport` (the names of ``rollout/weights/factory.py``)."""
 
+WEIGHT_ENCODINGS: tuple[str, ...] = ("auto", "full", "delta")
+"""Accepted values of :attr:`RolloutConfig.weight_encoding` (``rollout/weights/delta.py``)."""
+
 _C = TypeVar("_C", bound="_ConfigBase")
 
 
@@ -61,9 +64,7 @@ _C = TypeVar("_C", bound="_ConfigBase")
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _suggest(value: Any, choices: Iterable[str]) -> str:
-    close = difflib.get_close_matches(str(value), list(choices), n=1)
-    return f" Did you mean {close[0]!r}?" if close else ""
+_suggest = did_you_mean
 
 
 def _is_int(v: Any) -> bool:
@@ -690,6 +691,18 @@ class RolloutConfig(_ConfigBase):
     ``cuda_ipc`` for a hybrid replica on the trainer's GPU and ``collective`` otherwise. Every sync is verified by
     checksum; a named transport never falls back to another."""
 
+    weight_encoding: Literal["auto", "full", "delta"] = "auto"
+    """What each weight sync sends. ``auto``: ``delta`` to the replicas whose engine holds bfloat16 or float16
+    weights, ``full`` to the others (a float32 engine's weights change almost everywhere under Adam: 99.9% of
+    SmolLM2's per step, so a delta saves nothing and costs its encoding). ``delta``: the elements that changed
+    since the version the replica holds, in
+    the engine's dtype (int32 index + value per changed element, or the whole tensor where most changed), applied to
+    a dense copy of the weights the replica keeps; the first sync, a restarted replica, one whose checksum disagreed
+    and one too far behind (the chain of deltas bigger than a full sync) get the full weights in the engine's dtype.
+    Exact: every sync is verified by the same checksum as a full one. Costs one copy of the weights in the engine's
+    dtype on the trainer and on each replica. ``full``: the trainer's tensors as they are, every sync. A LoRA
+    adapter-only sync (``lora_sync: adapter``) and ``cuda_ipc`` always send in full (docs/rollout.md)."""
+
     lora_sync: Literal["adapter", "merged"] = "adapter"
     """With a LoRA policy (``GRPOModule(peft=...)``), what each weight sync sends. ``adapter``: the adapter's
     ``lora_A`` / ``lora_B`` tensors only; the engines start with vLLM's LoRA on (``max_lora_rank`` from
@@ -772,6 +785,13 @@ class RolloutConfig(_ConfigBase):
             self.weight_transport,
             WEIGHT_TRANSPORTS,
             "Use 'auto' (chosen per replica by placement) unless you need one transport for every replica.",
+        )
+        c.choice(
+            "weight_encoding",
+            self.weight_encoding,
+            WEIGHT_ENCODINGS,
+            "Use 'auto' (deltas to 16-bit engines), 'delta' (send only the changed elements) or 'full' (send the whole "
+            "weights every sync).",
         )
         c.choice(
             "lora_sync",

@@ -17,11 +17,14 @@ def _block(lang: str) -> str:
 
 
 def test_the_yaml_example_holds_a_valid_dataset_and_reward_config() -> None:
+    from lightning_hybrid_rollout.lightning.config_check import check_callback_args
+
     args = yaml.safe_load(_block("yaml"))["trainer"]["callbacks"][0]["init_args"]
     dataset = DatasetConfig.from_dict(args["dataset"])
     assert dataset.prompt_column == "prompt" and dataset.val_path == "data/val.jsonl"
-    rewards = RewardConfig(**{k: v for k, v in args.items() if k.startswith("reward_")})
+    rewards = RewardConfig.from_dict(args["rewards"])
     assert rewards.weights == [1.0, 0.5] and rewards.reward_error == "fail"
+    assert check_callback_args("callback", args) == []
 
 
 def test_the_reward_example_scores_a_chat_group_in_trls_convention() -> None:

@@ -5,7 +5,11 @@
   them;
 - the top-level modules (``config.py``, ``errors.py``, ``trace.py``, ``redaction.py``) are the base: they import no
   subpackage but the pure ``schedule/`` and ``metrics/``;
-- ``rollout/`` imports nothing from ``lightning/``, ``sim/``, ``analysis/`` or ``models/``; ``sim/`` nothing from
+- ``lightning/`` holds only what imports Lightning; below it ``validation/`` (held-out scoring), ``run/`` (the run
+  on rank 0: runtime, hybrid pool, workload) and ``training/`` (the GRPO math), each Lightning-free; ``training/``
+  imports neither ``run/`` nor ``rollout/``, ``run/`` never ``validation/``;
+- ``rollout/`` imports nothing from ``lightning/``, ``run/``, ``training/``, ``validation/``, ``sim/``, ``analysis/``
+  or ``models/``; ``sim/`` nothing from
   ``rollout/``, ``lightning/`` or ``models/``; ``models/`` (model preparation) nothing from the runtime, the simulator
   or ``analysis/``; ``tasks/``, ``sources/``, ``rewards/``, ``agentic/`` and ``schedule/`` sit below all of those;
 - ``analysis/`` (what reads a finished run) sits above ``sim/``: it may use the simulator's bound math
@@ -26,12 +30,15 @@ NAME = PKG.name
 HEAVY = ("torch", "ray", "vllm", "lightning", "transformers", "torchmetrics", "deepspeed", "numpy")
 PURE = ("schedule", "config", "errors", "trace")
 PURE_MODULES = (f"{NAME}.metrics", f"{NAME}.metrics.formulas")
-UPPER = ("rollout", "lightning", "sim", "analysis", "models")
+UPPER = ("rollout", "lightning", "run", "training", "validation", "sim", "analysis", "models")
 FORBIDDEN = {
-    "rollout": ("lightning", "sim", "analysis", "models"),
-    "sim": ("rollout", "lightning", "models", "analysis"),
-    "analysis": ("rollout", "lightning", "models"),
-    "models": ("rollout", "lightning", "sim", "analysis", "sources", "rewards"),
+    "rollout": ("lightning", "run", "training", "validation", "sim", "analysis", "models"),
+    "training": ("lightning", "run", "validation", "sim", "analysis", "rollout"),
+    "run": ("lightning", "validation", "sim", "analysis"),
+    "validation": ("lightning", "sim", "analysis"),
+    "sim": ("rollout", "lightning", "run", "training", "validation", "models", "analysis"),
+    "analysis": ("rollout", "lightning", "run", "training", "validation", "models"),
+    "models": ("rollout", "lightning", "run", "training", "validation", "sim", "analysis", "sources", "rewards"),
     "tasks": UPPER,
     "sources": UPPER,
     "rewards": (*UPPER, "sources", "tasks"),
@@ -128,6 +135,30 @@ def test_layers_import_only_downwards() -> None:
         for dep in deps:
             if _layer(dep) in FORBIDDEN.get(_layer(module), ()):
                 bad.append(f"{module} -> {dep}")
+    assert not bad, bad
+
+
+def _imports_lightning(path: Path) -> bool:
+    return any(t.split(".")[0] in ("lightning", "pytorch_lightning") for t in _imports(path, type_only=True))
+
+
+def test_every_module_under_lightning_imports_lightning() -> None:
+    """``lightning/`` is the Lightning layer: a module that needs no Lightning belongs to ``run/``, ``training/`` or
+    ``validation/`` (or its own package)."""
+    bad = [
+        m
+        for m, p in MODULES.items()
+        if _layer(m) == "lightning" and p.name != "__init__.py" and not _imports_lightning(p)
+    ]
+    assert not bad, bad
+
+
+def test_lightning_free_packages_import_no_lightning() -> None:
+    bad = [
+        m
+        for m, p in MODULES.items()
+        if _layer(m) in ("run", "training", "validation") and any(t.split(".")[0] == "lightning" for t in _imports(p))
+    ]
     assert not bad, bad
 
 

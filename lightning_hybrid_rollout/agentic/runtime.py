@@ -52,7 +52,7 @@ SpanRecorder = Callable[[str, float, float, Mapping[str, Any]], None]
 
 @dataclass(frozen=True)
 class AgenticConfig:
-    """The callback's multi-turn keys (``tools``, ``environment``, ... beside ``dataset`` and ``reward_funcs``)."""
+    """The ``agentic`` section of the callback: multi-turn episodes (tools, an environment, their budgets)."""
 
     tools: tuple[str, ...] = ()
     """Tools by import path (``"my_tools.py:add"``): typed functions with a Google-style docstring."""
@@ -72,8 +72,6 @@ class AgenticConfig:
     """The most seconds one tool call or environment call may take (past it the model reads an error)."""
     tool_workers: int = 16
     """Threads running sync tools and environment calls, shared by every episode of the run."""
-    log_rollouts: int = 0
-    """Finished samples written per cycle to ``<run dir>/rollouts/cycle_<k>.jsonl`` (0: none)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tools", tuple(self.tools))
@@ -85,8 +83,6 @@ class AgenticConfig:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 problems.append(f"{key} must be an integer >= 1, got {value!r}")
-        if isinstance(self.log_rollouts, bool) or not isinstance(self.log_rollouts, int) or self.log_rollouts < 0:
-            problems.append(f"log_rollouts must be an integer >= 0 (0: none), got {self.log_rollouts!r}")
         if not (isinstance(self.tool_timeout_s, int | float) and self.tool_timeout_s > 0):
             problems.append(f"tool_timeout_s must be > 0, got {self.tool_timeout_s!r}")
         if self.environment_kwargs and not self.environment:

@@ -7,7 +7,6 @@ text. Conservative: a value is reported only when jsonargparse would reject it t
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
 import pkgutil
@@ -19,6 +18,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from lightning_hybrid_rollout.agentic.runtime import AgenticConfig
 from lightning_hybrid_rollout.config import (
     AsyncTrainingConfig,
     ConfigError,
@@ -26,6 +26,9 @@ from lightning_hybrid_rollout.config import (
     TinyModelConfig,
     validate_run_config,
 )
+from lightning_hybrid_rollout.did_you_mean import closest, did_you_mean
+from lightning_hybrid_rollout.rewards import RewardConfig
+from lightning_hybrid_rollout.run.flat_keys import FLAT_KEYS, moved_key_hint, section
 
 _CALLBACK_NAMES = ("HybridRolloutCallback",)
 _SUBCOMMANDS = ("fit", "validate", "test", "predict")
@@ -35,9 +38,7 @@ _MAX_LISTED = 20  # GRPOModule has 18 arguments: listed in one line (~230 charac
 _YAML_BOOLS = {"true", "false", "yes", "no", "on", "off", "y", "n", "1", "0"}
 
 
-def _suggest(value: str, choices: list[str]) -> str:
-    close = difflib.get_close_matches(value, choices, n=1)
-    return f" Did you mean {close[0]!r}?" if close else ""
+_suggest = did_you_mean
 
 
 def _yaml_scalar(value: Any) -> str:
@@ -240,8 +241,8 @@ def resolve_class_path(where: str, class_path: Any) -> tuple[type | None, str | 
                     return None, f"{where}.class_path {class_path!r} cannot be imported: {err}."
             except Exception as err:
                 return None, f"{where}.class_path {class_path!r} cannot be imported: {type(err).__name__}: {err}"[:500]
-        close = difflib.get_close_matches(part, _public_names(obj), n=1)
-        hint = f" Did you mean {'.'.join([*parts[:i], close[0], *parts[i + 1 :]])!r}?" if close else ""
+        match = closest(part, _public_names(obj))
+        hint = f" Did you mean {'.'.join([*parts[:i], match, *parts[i + 1 :]])!r}?" if match else ""
         return None, f"{where}.class_path {class_path!r} does not exist: {'.'.join(parts[:i])!r} has no {part!r}.{hint}"
     if not inspect.isclass(obj):
         return None, f"{where}.class_path {class_path!r} is not a class (got a {type(obj).__name__})."
@@ -287,7 +288,16 @@ def check_callback_args(where: str, init_args: Any, cls: type | None = None) -> 
     cls = cls or HybridRolloutCallback
     if not isinstance(init_args, Mapping):
         return [f"{where} must be a mapping of {cls.__name__} arguments, got {init_args!r}."]
-    problems = check_init_args(where, cls, init_args, skip=("rollout", "async_training", "task", "build_model"))
+    skip = ("rollout", "async_training", "task", "build_model", "rewards", "agentic")
+    problems = check_init_args(where, cls, init_args, skip=skip, unknown_keys=False)
+    problems.extend(_unknown_callback_keys(where, cls, init_args))
+    for key, section_cls in (("rewards", RewardConfig), ("agentic", AgenticConfig)):
+        if init_args.get(key) is not None:
+            try:
+                section(section_cls, init_args[key])
+            except (ConfigError, TypeError) as err:
+                lines = getattr(err, "problems", None) or [str(err)]
+                problems.extend(f"{where}.{key}: {line}" for line in lines)
     if "rollout" not in init_args:
         problems.append(f"{where}.rollout is missing: add a `rollout:` block with at least `model_path:`.")
     rollout = async_cfg = None
@@ -322,6 +332,23 @@ def check_callback_args(where: str, init_args: Any, cls: type | None = None) -> 
     except ConfigError as err:
         problems.extend(f"{where}.{p}" for p in err.problems)
     return problems
+
+
+def _unknown_callback_keys(where: str, cls: type, init_args: Mapping[str, Any]) -> list[str]:
+    """A key that is no argument: where a flat key of an earlier release moved, or the closest argument."""
+    params, _ = _init_params(cls)
+    out = []
+    for k in init_args:
+        if k in params:
+            continue
+        if k in FLAT_KEYS:
+            out.append(f"{where}.{k}: {moved_key_hint(k)}.")
+        else:
+            out.append(
+                f"{where}.{k} is not an argument of {cls.__name__}.{_suggest(str(k), list(params))} "
+                f"Valid arguments: {', '.join(params)}."
+            )
+    return out
 
 
 # --------------------------------------------------------------------------------------------------------------

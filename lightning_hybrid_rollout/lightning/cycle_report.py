@@ -23,9 +23,9 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_hybrid_rollout import metrics as M
-from lightning_hybrid_rollout.lightning.overlap import OverlapSync
-from lightning_hybrid_rollout.lightning.rollout_log import RolloutLog
-from lightning_hybrid_rollout.lightning.workload import Workload
+from lightning_hybrid_rollout.run.overlap import OverlapSync
+from lightning_hybrid_rollout.run.rollout_log import RolloutLog
+from lightning_hybrid_rollout.run.workload import Workload
 from lightning_hybrid_rollout.schedule import DynamicResourceController, DynamicSchedulePolicyBase
 from lightning_hybrid_rollout.schedule.cycle import CycleEnd, CycleLedger
 

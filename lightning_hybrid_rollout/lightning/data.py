@@ -575,7 +575,7 @@ class RolloutDataModule(LightningDataModule):
         return self.iterable.source
 
     def attach_validation(self, validation_set: Any) -> None:
-        """Attach the held-out prompts (a :class:`~lightning_hybrid_rollout.lightning.validation.ValidationSet`);
+        """Attach the held-out prompts (a :class:`~lightning_hybrid_rollout.validation.answers.ValidationSet`);
         ignored when ``val_task`` is set."""
         if self.hparams.val_task is None:
             self.validation_set = validation_set

@@ -19,21 +19,21 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from lightning_hybrid_rollout.errors import ConfigError
-from lightning_hybrid_rollout.lightning.chunked_head import has_output_head, scored_head
 from lightning_hybrid_rollout.lightning.data import RolloutBatch, next_rollout_batch
-from lightning_hybrid_rollout.lightning.lora import inject_lora, is_lora_model, lora_config_from
-from lightning_hybrid_rollout.lightning.micro_batches import (
+from lightning_hybrid_rollout.training.chunked_head import has_output_head, scored_head
+from lightning_hybrid_rollout.training.lora import inject_lora, is_lora_model, lora_config_from
+from lightning_hybrid_rollout.training.micro_batches import (
     default_tokens_per_forward,
     even_out,
     plan_micro_batches,
     same_count_on_every_rank,
 )
-from lightning_hybrid_rollout.lightning.off_policy import (
+from lightning_hybrid_rollout.training.off_policy import (
     OffPolicyCorrection,
     importance_weight_sums,
     importance_weights,
 )
-from lightning_hybrid_rollout.lightning.shared_prompt import (
+from lightning_hybrid_rollout.training.shared_prompt import (
     PromptBucket,
     check_shared_prompt,
     prompt_buckets,
@@ -270,10 +270,10 @@ class GRPOModule(LightningModule):
     def validation_step(self, batch: Sequence[Any], batch_idx: int) -> Tensor | None:
         """Answers to held-out prompts, scored by the run's reward functions.
 
-        With the callback's validation set (:class:`~lightning_hybrid_rollout.lightning.validation.ValidationSet`):
+        With the callback's validation set (:class:`~lightning_hybrid_rollout.validation.answers.ValidationSet`):
         up to ``rollout.response_length`` tokens, the run's stop tokens, ``val_n`` samples per prompt; the epoch's
         ``val/reward``, ``val/pass@1``, ``val/pass@<n>`` are logged at its end. An agentic run's set
-        (:class:`~lightning_hybrid_rollout.lightning.episode_validation.EpisodeValidationSet`) plays each prompt as one
+        (:class:`~lightning_hybrid_rollout.validation.episodes.EpisodeValidationSet`) plays each prompt as one
         whole greedy episode against the run's environment and tools (``val/episode_reward``, ``val/turns``). With
         ``val_task``: greedy answers of 8 tokens scored by the task's reward (``val/reward``).
 
@@ -374,7 +374,7 @@ class GRPOModule(LightningModule):
 
     def export_adapter(self, out_dir: str | os.PathLike[str]) -> Path:
         """Write the LoRA adapter as a PEFT adapter directory (``PeftModel.from_pretrained(base, out_dir)``)."""
-        from lightning_hybrid_rollout.lightning.lora import save_adapter
+        from lightning_hybrid_rollout.training.lora import save_adapter
 
         if self.lora_config is None:
             raise ValueError("export_adapter needs a LoRA module (GRPOModule(peft={...})); use export_merged")
@@ -385,7 +385,7 @@ class GRPOModule(LightningModule):
         ``model_path`` when there is one."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from lightning_hybrid_rollout.lightning.lora import merged_state_dict
+        from lightning_hybrid_rollout.training.lora import merged_state_dict
 
         out = Path(out_dir)
         policy = self.policy_model

@@ -12,8 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.utilities import rank_zero_info
-
 from lightning_hybrid_rollout.config import ConfigError, RolloutConfig, TinyModelConfig
 
 __all__ = ["ensure_run_model"]
@@ -21,13 +19,19 @@ __all__ = ["ensure_run_model"]
 log = logging.getLogger(__name__)
 
 
-def ensure_run_model(rollout: RolloutConfig, build_model: TinyModelConfig | None, task: Callable[[], Any]) -> None:
+def ensure_run_model(
+    rollout: RolloutConfig,
+    build_model: TinyModelConfig | None,
+    task: Callable[[], Any],
+    announce: Callable[[str], None] = log.info,
+) -> None:
     """Leave a model that is there as it is; build the tiny one where none is (if ``build_model`` allows it).
 
     Args:
         rollout: The rollout config (``model_path``, ``seed``).
         build_model: The tiny model to build, or None (a missing model is an error).
         task: Builds the task whose answer shape the format warm-up teaches (called only for a warm-up).
+        announce: Where the build's and the warm-up's console lines go (the fit's rank-zero lines).
 
     Raises:
         ConfigError: No model at ``rollout.model_path`` and ``build_model`` is off.
@@ -44,13 +48,13 @@ def ensure_run_model(rollout: RolloutConfig, build_model: TinyModelConfig | None
         )
     from lightning_hybrid_rollout.models.tiny_model import build_tiny_model
 
-    rank_zero_info(f"[lhr] building a tiny model at {path}")
+    announce(f"[lhr] building a tiny model at {path}")
     build_tiny_model(path, **build_model.build_kwargs())
     if build_model.format_warmup_steps > 0:
-        _format_warmup(path, task(), build_model.format_warmup_steps, seed=rollout.seed)
+        _format_warmup(path, task(), build_model.format_warmup_steps, rollout.seed, announce)
 
 
-def _format_warmup(path: Path, task: Any, steps: int, seed: int) -> None:
+def _format_warmup(path: Path, task: Any, steps: int, seed: int, announce: Callable[[str], None]) -> None:
     """Supervised warm-up on the answer *shape* (random answers), saved back to ``path`` (design/notes.md §7)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -63,6 +67,6 @@ def _format_warmup(path: Path, task: Any, steps: int, seed: int) -> None:
     t0 = time.monotonic()
     losses = format_warmup(model, tokenizer, prompts, steps=steps, seed=seed)
     model.save_pretrained(path, safe_serialization=True)
-    rank_zero_info(
+    announce(
         f"[lhr] format warm-up: {steps} steps in {time.monotonic() - t0:.1f}s, loss {losses[0]:.3f} -> {losses[-1]:.3f}"
     )

@@ -12,12 +12,12 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from lightning_hybrid_rollout.did_you_mean import did_you_mean
 from lightning_hybrid_rollout.errors import ConfigError
 
 __all__ = ["BUILTIN_CLASS_NAMES", "BUILTIN_FUNCTION_NAMES", "RewardConfig"]
@@ -56,8 +56,7 @@ def _item_problem(key: str, item: Any) -> str | None:
                 f"{key} is the built-in class {spec!r}, which needs arguments: write "
                 f"{{class_path: {spec}, init_args: {{...}}}}."
             )
-        close = difflib.get_close_matches(spec, BUILTIN_FUNCTION_NAMES, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(spec, BUILTIN_FUNCTION_NAMES)
         return (
             f"{key} is not a built-in reward, got {item!r}.{hint} Built-ins: {', '.join(BUILTIN_FUNCTION_NAMES)}; "
             "or give 'package.module:function'."
@@ -175,8 +174,7 @@ class RewardConfig:
         if unknown:
             problems = []
             for k in unknown:
-                close = difflib.get_close_matches(str(k), valid, n=1)
-                hint = f" Did you mean {close[0]!r}?" if close else ""
+                hint = did_you_mean(k, valid)
                 problems.append(f"{cls.SECTION} has no key {k!r}.{hint} Valid keys: {', '.join(valid)}.")
             raise ConfigError(problems)
         return cls(**dict(data))

@@ -15,7 +15,6 @@ Example::
 
 from __future__ import annotations
 
-import difflib
 import functools
 import hashlib
 import importlib
@@ -30,6 +29,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from lightning_hybrid_rollout.did_you_mean import did_you_mean
 from lightning_hybrid_rollout.errors import HybridRolloutError, RewardFunctionError
 from lightning_hybrid_rollout.rewards.builtin import BUILTINS
 from lightning_hybrid_rollout.rewards.config import BUILTIN_CLASS_NAMES, BUILTIN_FUNCTION_NAMES, RewardConfig
@@ -144,8 +144,7 @@ def _resolve_path(
     module = _load_file(label, where, kind, error) if is_file else _load_module(label, where, kind, error)
     if not hasattr(module, attr):
         names = _callables(module)
-        close = difflib.get_close_matches(attr, names, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(attr, names)
         shown = ", ".join(names[:15]) + (", ..." if len(names) > 15 else "")
         raise error(f"{kind} {label!r}: {where!r} has no attribute {attr!r}.{hint} Its callables: {shown or 'none'}")
     return getattr(module, attr)

@@ -4,7 +4,7 @@
 process it spawns inherits the mask) to an explicit core list and asks Ray for that many CPUs. Where it may run is
 part of its :class:`ReplicaSpec` (custom Ray resources for a standalone replica, hard node affinity to its trainer
 rank's node for a hybrid one, the rank's device on GPU), so a replacement launched from the same spec lands under
-the same constraints (built by ``lightning/placement.py``).
+the same constraints (built by ``run/placement.py``).
 
 :class:`ReplicaHandle` is what the load balancer, rollouter and controller hold: async methods mirroring the
 :class:`~lightning_hybrid_rollout.rollout.engine.RolloutEngine` protocol and the weight push's

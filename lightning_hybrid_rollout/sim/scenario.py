@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import itertools
 import json
 import math
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_hybrid_rollout.config import AsyncTrainingConfig, ConfigError, DerivedCounts
+from lightning_hybrid_rollout.did_you_mean import did_you_mean
 from lightning_hybrid_rollout.errors import ScenarioError as ScenarioError  # re-exported
 
 __all__ = [
@@ -822,8 +822,7 @@ def _not_per_run(key: str) -> str:
 
 
 def _unknown_key(where: str, key: Any) -> str:
-    close = difflib.get_close_matches(str(key), RUN_KEYS, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
+    hint = did_you_mean(key, RUN_KEYS)
     return f"{where} has no key {key!r}.{hint} A run may set: {', '.join(RUN_KEYS)}."
 
 

@@ -11,31 +11,19 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from lightning_hybrid_rollout.did_you_mean import did_you_mean
 from lightning_hybrid_rollout.errors import ConfigError
 
 __all__ = ["DatasetConfig", "suggest"]
 
 
-def suggest(value: Any, choices: Iterable[str]) -> str:
-    """``" Did you mean 'x'?"`` for the choice closest to ``value``, or ``""`` when none is close.
-
-    Args:
-        value: What was given.
-        choices: The valid names.
-
-    Example::
-
-        >>> suggest("promt_column", ["path", "prompt_column"])
-        " Did you mean 'prompt_column'?"
-    """
-    close = difflib.get_close_matches(str(value), list(choices), n=1)
-    return f" Did you mean {close[0]!r}?" if close else ""
+#: The package's one "did you mean" (:func:`~lightning_hybrid_rollout.did_you_mean.did_you_mean`).
+suggest = did_you_mean
 
 
 def _is_int(v: Any) -> bool:

@@ -47,4 +47,4 @@ def test_the_pages_configuration_is_accepted_by_the_callback_and_names_every_key
     assert check_init_args("callback", HybridRolloutCallback, init_args) == []
     documented = set(re.findall(r"^\| `(\w+)` \|", DOC.read_text(), re.MULTILINE))
     keys = {f.name for f in dataclasses.fields(AgenticConfig)} - {"tool_workers"}  # the pool size: not a key
-    assert keys <= documented and keys <= set(init_args)
+    assert keys <= documented and keys <= set(init_args["agentic"])

@@ -71,7 +71,7 @@ def test_the_gem_example_config_is_accepted_and_scores_gems_reward_plus_its_form
     from lightning_hybrid_rollout import HybridRolloutCallback
     from lightning_hybrid_rollout.config import AsyncTrainingConfig, RolloutConfig
     from lightning_hybrid_rollout.lightning.config_check import check_init_args
-    from lightning_hybrid_rollout.lightning.workload import build_workload
+    from lightning_hybrid_rollout.run.workload import build_workload
 
     [init_args] = [
         c["init_args"]
@@ -79,19 +79,19 @@ def test_the_gem_example_config_is_accepted_and_scores_gems_reward_plus_its_form
         if c["class_path"].endswith("HybridRolloutCallback")
     ]
     assert check_init_args("callback", HybridRolloutCallback, init_args) == []
-    assert init_args["environment"] == "gem:make" and "dataset" not in init_args
+    assert init_args["agentic"]["environment"] == "gem:make" and "dataset" not in init_args
     rollout = RolloutConfig(**{**init_args["rollout"], "model_path": str(tmp_path)})
     callback = HybridRolloutCallback(
         **{**init_args, "rollout": rollout, "async_training": AsyncTrainingConfig(**init_args["async_training"])}
     )
     workload = build_workload(
-        dataset=callback.dataset,
-        task=callback.task_name,
-        task_kwargs=callback.task_kwargs,
-        rewards=callback.rewards,
-        rollout=callback.rollout,
+        dataset=callback.run.dataset,
+        task=callback.run.task_name,
+        task_kwargs=callback.run.task_kwargs,
+        rewards=callback.run.rewards,
+        rollout=callback.run.rollout,
         tokenizer=smollm2_tokenizer,
-        agentic=callback.agentic,
+        agentic=callback.run.agentic,
     )
     try:
         assert workload.episodes is not None and workload.runner is not None

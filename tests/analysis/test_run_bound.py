@@ -139,7 +139,7 @@ def write_runtime_trace(run_dir: Path) -> None:
     hybrid one 600 tokens in 0.4 s (1500 tok/s: rho 0.75).
     """
     from lightning_hybrid_rollout.config import AsyncTrainingConfig, RolloutConfig
-    from lightning_hybrid_rollout.lightning.runtime import RolloutRuntime
+    from lightning_hybrid_rollout.run.runtime import RolloutRuntime
 
     rt = RolloutRuntime(RolloutConfig(), AsyncTrainingConfig(), workload=None, run_dir=run_dir, trace=True)
     samples = [SimpleNamespace(response_length=1000, prompt_token_ids=[0] * 30) for _ in range(8)]

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from lightning_hybrid_rollout.lightning.shared_prompt import prompt_buckets
+from lightning_hybrid_rollout.training.shared_prompt import prompt_buckets
 from tests.benchmarks import ROOT, load_benchmark
 
 bench = load_benchmark("shared_prompt", "bench_shared_prompt")

@@ -24,7 +24,7 @@ def test_each_arm_fits_the_shared_model_and_data_in_its_own_run_dir_with_the_run
     assert cb["rollout"]["model_path"] == str(tmp_path / "model")
     assert cb["dataset"]["path"] == str(tmp_path / "data" / "train.jsonl")
     assert cb["dataset"]["val_path"] == str(tmp_path / "data" / "val.jsonl")
-    assert Path(cb["reward_funcs"][0].split(":")[0]).is_file()
+    assert Path(cb["rewards"]["reward_funcs"][0].split(":")[0]).is_file()
     assert t["default_root_dir"] == t["logger"]["init_args"]["save_dir"] == str(tmp_path / arm)
     assert t["callbacks"][1]["init_args"]["dirpath"] == str(tmp_path / arm / "checkpoints")
     assert (t["max_steps"], t["max_time"]) == (40, "00:00:07:00")

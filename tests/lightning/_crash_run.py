@@ -41,7 +41,7 @@ from lightning_hybrid_rollout.config import AsyncTrainingConfig, RolloutConfig
 from lightning_hybrid_rollout.lightning.callback import HybridRolloutCallback
 from lightning_hybrid_rollout.lightning.data import RolloutDataModule
 from lightning_hybrid_rollout.lightning.module import GRPOModule
-from lightning_hybrid_rollout.lightning.workload import PROMPT_KEY
+from lightning_hybrid_rollout.run.workload import PROMPT_KEY
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -137,7 +137,7 @@ class Recorder(Callback):
             self.root / "restored.json",
             {
                 "global_step": trainer.global_step,
-                "param_version": self.cb.param_version,
+                "param_version": self.cb.run.param_version,
                 "policy": _plain(self.cb.policy.state_dict()),
                 "controller": _plain(controller.state_dict()) if controller is not None else None,
             },
@@ -308,10 +308,12 @@ def main(spec_path: str) -> None:
             wait_timeout_s=120,  # a resume that lost samples stalls the trainer: fail, do not hang
         ),
         task="arithmetic",
-        environment=spec.get("environment"),
-        environment_kwargs=spec.get("environment_kwargs"),
-        max_turns=spec.get("max_turns", 8),
-        max_episode_tokens=spec.get("max_episode_tokens", 4096),
+        agentic={
+            "environment": spec.get("environment"),
+            "environment_kwargs": spec.get("environment_kwargs") or {},
+            "max_turns": spec.get("max_turns", 8),
+            "max_episode_tokens": spec.get("max_episode_tokens", 4096),
+        },
         build_model=True,
         run_dir=str(root),
     )
@@ -342,7 +344,9 @@ def main(spec_path: str) -> None:
     datamodule.recorder = recorder
     module = GRPOModule(model_path=spec["model_dir"], lr=3e-4)
     trainer.fit(module, datamodule=datamodule, ckpt_path=spec.get("ckpt_path"))
-    _write_json(root / "report.json", {"global_step": trainer.global_step, "param_version": hybrid_cb.param_version})
+    _write_json(
+        root / "report.json", {"global_step": trainer.global_step, "param_version": hybrid_cb.run.param_version}
+    )
     from lightning_hybrid_rollout.lightning.cli import close_process_group
 
     close_process_group()  # gloo's threads can otherwise abort the interpreter at exit

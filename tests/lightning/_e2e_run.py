@@ -95,8 +95,8 @@ class Recorder(Callback):
         self.decode_probe = rt._decode_probe  # its counts, read after the fit
         self.group_filter = self.cb._workload.group_filter  # its module's records, read after the fit
         self.report["restored"] = {
-            "param_version": self.cb.param_version,
-            "cycles_done": self.cb.cycles_done,
+            "param_version": self.cb.run.param_version,
+            "cycles_done": self.cb.run.cycles_done,
             "ratio": self.cb.policy.deactivate_ratio,
             "policy_state": self.cb.policy.state_dict(),
             "switch_history": [str(r) for r in self.cb.controller.switch_history],
@@ -192,7 +192,7 @@ def main(spec_path: str) -> None:
             dynamic_schedule_enable_rebalance=spec.get("enable_rebalance", True),
         ),
         task="arithmetic",
-        reward_funcs=spec.get("reward_funcs"),
+        rewards={"reward_funcs": spec.get("reward_funcs") or []},
         build_model=True,
         run_dir=str(root),
     )
@@ -229,16 +229,16 @@ def main(spec_path: str) -> None:
         rep = recorder.report
         rep.update(
             error=None if error is None else f"{type(error).__name__}: {error}",
-            call_log=hybrid_cb.call_log,
-            switch_events=hybrid_cb.switch_events,
-            overlap_events=hybrid_cb.overlap_events,
+            call_log=hybrid_cb.run.call_log,
+            switch_events=hybrid_cb.run.switch_events,
+            overlap_events=hybrid_cb.run.overlap.events,
             standalone_syncs=[
                 {"commit_s": r.per_replica_commit_seconds, "transport": r.per_replica_transport}
                 for r in recorder._standalone_reports
             ],
-            param_version=hybrid_cb.param_version,
+            param_version=hybrid_cb.run.param_version,
             replica_events=[dataclasses.asdict(e) for e in recorder.supervisor_events],
-            hybrid_sync_skipped=hybrid_cb.hybrid_sync_skipped,
+            hybrid_sync_skipped=hybrid_cb.run.hybrid_sync_skipped,
             decode_probe={k: getattr(recorder.decode_probe, k, None) for k in ("sent", "written", "skipped", "failed")},
             global_step=trainer.global_step,
             world_size=trainer.world_size,

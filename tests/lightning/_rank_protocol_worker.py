@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from lightning_hybrid_rollout.config import AsyncTrainingConfig, RolloutConfig
 from lightning_hybrid_rollout.lightning.callback import HybridRolloutCallback
-from lightning_hybrid_rollout.lightning.runtime import OverlapReport, RuntimeQueries
+from lightning_hybrid_rollout.run.runtime import OverlapReport, RuntimeQueries
 from lightning_hybrid_rollout.schedule import DynamicResourceController
 
 #: (early answer, controller answer) per cycle end, after the start decision (True: activate).
@@ -168,14 +168,14 @@ def main(rank: int, store: str, out: str) -> None:
     module = SimpleNamespace(param_version=0, log=lambda *args, **kwargs: None)
     if rank == 0:
         rt = _Runtime(cb, log)
-        cb._runtime = rt
-        cb._controller = DynamicResourceController(
+        cb.run.runtime = rt
+        cb.run.controller = DynamicResourceController(
             rt.pool, cb.policy, clock=time.monotonic, enable_rebalance=False, has_hybrid=True
         )
 
         def should_activate_after_step(step: int, active: bool, ctx: Any) -> bool:
             early, late = SCRIPT[step]
-            asked_early = cb.call_log and cb.call_log[-1] == "overlap_should_activate"
+            asked_early = cb.run.call_log and cb.run.call_log[-1] == "overlap_should_activate"
             return bool(early if asked_early else late)
 
         cb.policy.should_activate_after_step = should_activate_after_step  # type: ignore[method-assign]
@@ -186,14 +186,14 @@ def main(rank: int, store: str, out: str) -> None:
         trainer.global_step = step
         cb.on_train_batch_start(trainer, module, None, step)  # type: ignore[arg-type]
         if rank == 0:
-            cb._next_batch()
+            cb.run.next_batch()
         trainer.global_step = step + 1
         cb.on_train_batch_end(trainer, module, None, None, step)  # type: ignore[arg-type]
     cb.on_train_end(trainer, module)  # type: ignore[arg-type]
     dist.barrier()
     protocol = cb._trainer_side.protocol
     with open(out, "w") as f:
-        json.dump({"history": protocol.history, "log": log, "call_log": cb.call_log}, f)
+        json.dump({"history": protocol.history, "log": log, "call_log": cb.run.call_log}, f)
     dist.destroy_process_group()
 
 

@@ -65,7 +65,7 @@ def main(spec_path: str) -> None:
             dynamic_schedule_enable_rebalance=False,
         ),
         dataset={"path": spec["data"], "prompt_column": "prompt", "shuffle": False},
-        reward_funcs=[spec["reward"]],
+        rewards={"reward_funcs": [spec["reward"]]},
         run_dir=str(root),
     )
     recorder = Recorder(cb)
@@ -90,7 +90,7 @@ def main(spec_path: str) -> None:
                 "stop_token_ids": recorder.stops,
                 "standalone_syncs": [report_of(s) for s in recorder.standalone],
                 "hybrid_syncs": [report_of(s) for s in recorder.syncs],
-                "switch_events": cb.switch_events,
+                "switch_events": cb.run.switch_events,
             },
             default=str,
         )

@@ -1,4 +1,4 @@
-"""Environments and a tool-call parser for tests/lightning/test_episode_validation.py (loaded by path, as a run
+"""Environments and a tool-call parser for tests/validation/test_episodes.py (loaded by path, as a run
 loads them): what each episode's ``reset`` saw is recorded in ``SEEN``."""
 
 from __future__ import annotations

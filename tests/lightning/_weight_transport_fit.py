@@ -15,10 +15,10 @@ from typing import Any
 import lightning.pytorch as pl
 
 from lightning_hybrid_rollout.config import AsyncTrainingConfig, RolloutConfig
-from lightning_hybrid_rollout.lightning import runtime as runtime_module
 from lightning_hybrid_rollout.lightning.callback import HybridRolloutCallback
 from lightning_hybrid_rollout.lightning.data import RolloutDataModule
 from lightning_hybrid_rollout.lightning.module import GRPOModule
+from lightning_hybrid_rollout.run import runtime as runtime_module
 
 REPORTS: list[Any] = []
 

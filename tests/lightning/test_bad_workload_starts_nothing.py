@@ -194,7 +194,7 @@ def test_a_bad_workload_stops_the_fit_with_one_line_and_starts_nothing(
     callback = HybridRolloutCallback(
         RolloutConfig(model_path=str(model_dir), n=2, prompt_length=32, response_length=4, **dict(*rollout_settings)),
         dataset=dataset,
-        reward_funcs=reward_funcs,
+        rewards={"reward_funcs": reward_funcs or []},
         run_dir=str(run_dir),
     )
     trainer = L.Trainer(

@@ -75,8 +75,8 @@ def _run(policy: str, overlap_sync: bool) -> dict[int, tuple[int, int]]:
     cb = HybridRolloutCallback(RolloutConfig(model_path="unused", hybrid_replicas=1), a, trace=False)
     clock = _Clock()
     rt = _Runtime(clock, SwitchCosts())
-    cb._clock, cb._runtime = clock, rt
-    cb._controller = cb._build_controller(rt.pool)  # type: ignore[arg-type]
+    cb.run.clock, cb.run.runtime = clock, rt
+    cb.run.controller = cb.run.build_controller(rt.pool)  # type: ignore[arg-type]
     # every cycle switches: off at its start, on at its end (the policy's own state still updates every cycle)
     cb.policy.should_activate_after_step = lambda step, active, ctx: True  # type: ignore[method-assign]
     cb.policy.should_deactivate = lambda step, active, ctx: active  # type: ignore[method-assign]
@@ -90,16 +90,16 @@ def _run(policy: str, overlap_sync: bool) -> dict[int, tuple[int, int]]:
     for step in range(LONG * a.trigger_parameter_sync_step):
         trainer.global_step = step
         cb.on_train_batch_start(trainer, module, None, step)  # type: ignore[arg-type]
-        cb._next_batch()
+        cb.run.next_batch()
         clock.advance(1.0)
         trainer.global_step = step + 1
         rt.generated += 8
         cb.on_train_batch_end(trainer, module, None, None, step)  # type: ignore[arg-type]
-        if cb.cycles_done in (CHECKED, LONG) and trainer.global_step % a.trigger_parameter_sync_step == 0:
-            out[cb.cycles_done] = (_elements(cb, set()), len(pickle.dumps(cb.state_dict())))
-    assert cb.switch_totals["activate"]["count"] == LONG + 1  # the start decision's and one per cycle
-    assert cb.switch_totals["deactivate"]["count"] == LONG
-    assert len(cb.overlap_events) == (cb._overlap.events.maxlen if overlap_sync else 0)
+        if cb.run.cycles_done in (CHECKED, LONG) and trainer.global_step % a.trigger_parameter_sync_step == 0:
+            out[cb.run.cycles_done] = (_elements(cb, set()), len(pickle.dumps(cb.state_dict())))
+    assert cb.run.switch_totals["activate"]["count"] == LONG + 1  # the start decision's and one per cycle
+    assert cb.run.switch_totals["deactivate"]["count"] == LONG
+    assert len(cb.run.overlap.events) == (cb.run.overlap.events.maxlen if overlap_sync else 0)
     return out
 
 
@@ -129,5 +129,8 @@ def test_a_checkpoint_with_every_switch_event_loads_as_totals() -> None:
         "policy": cb.policy.state_dict(),
     }
     cb.load_state_dict(old)
-    assert cb.switch_totals == {"activate": {"count": 2, "seconds": 4.0}, "deactivate": {"count": 1, "seconds": 0.5}}
-    assert cb.switch_events == [] and "switch_events" not in cb.state_dict()
+    assert cb.run.switch_totals == {
+        "activate": {"count": 2, "seconds": 4.0},
+        "deactivate": {"count": 1, "seconds": 0.5},
+    }
+    assert cb.run.switch_events == [] and "switch_events" not in cb.state_dict()

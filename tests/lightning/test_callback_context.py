@@ -15,10 +15,10 @@ import pytest
 
 from lightning_hybrid_rollout.config import AsyncTrainingConfig, RolloutConfig
 from lightning_hybrid_rollout.lightning.callback import HybridRolloutCallback
-from lightning_hybrid_rollout.lightning.runtime import RuntimeQueries
 from lightning_hybrid_rollout.rollout.engine import SamplingSpec
 from lightning_hybrid_rollout.rollout.message_queue import MessageQueue
 from lightning_hybrid_rollout.rollout.rollouter import Rollouter
+from lightning_hybrid_rollout.run.runtime import RuntimeQueries
 from lightning_hybrid_rollout.schedule import (
     DynamicResourceController,
     DynamicScheduleContext,
@@ -136,8 +136,8 @@ def run_cycles(policy: str, cycles: int = 3, ratio: float = 0.3, **runtime: Any)
     )
     cb = HybridRolloutCallback(RolloutConfig(model_path="unused", hybrid_replicas=1), a, trace=False)
     rt = _FakeRuntime(a, **runtime)
-    cb._runtime = rt
-    cb._controller = DynamicResourceController(
+    cb.run.runtime = rt
+    cb.run.controller = DynamicResourceController(
         rt.pool, cb.policy, clock=time.monotonic, enable_rebalance=False, has_hybrid=True
     )
     seen: list[dict[str, Any]] = []
@@ -145,7 +145,7 @@ def run_cycles(policy: str, cycles: int = 3, ratio: float = 0.3, **runtime: Any)
 
     def recording(global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> bool:
         forecast = getattr(cb.policy, "forecast", lambda c: None)(ctx)
-        share = cb._accepted_token_share
+        share = cb.run.accepted_token_share
         seen.append({"step": global_steps, "ctx": copy.deepcopy(ctx), "forecast": forecast, "share": share})
         return original(global_steps, is_hybrid_active, ctx)
 
@@ -166,7 +166,7 @@ def run_cycles(policy: str, cycles: int = 3, ratio: float = 0.3, **runtime: Any)
         for step in range(cycles * a.trigger_parameter_sync_step):
             trainer.global_step = step
             cb.on_train_batch_start(trainer, module, None, step)  # type: ignore[arg-type]
-            batches.append(cb._next_batch())
+            batches.append(cb.run.next_batch())
             time.sleep(TRAIN_S)
             trainer.global_step = step + 1
             cb.on_train_batch_end(trainer, module, None, None, step)  # type: ignore[arg-type]
@@ -236,7 +236,7 @@ def test_hybrid_and_deactivate_wait_are_measured_when_the_hybrid_replica_helps()
     # the deactivation wait long enough for the hybrid replica to decode
     run = run_cycles("default", cycles=2, ratio=0.9, standalone_latency=(0.004, 0.006))
     cb, seen = run["cb"], run["seen"]
-    assert cb.switch_events and cb.switch_events[0]["kind"] == "activate"
+    assert cb.run.switch_events and cb.run.switch_events[0]["kind"] == "activate"
     ctx = seen[1]["ctx"]
     assert isinstance(ctx, RateScheduleContext)
     assert ctx.hybrid_decoded_tokens > 0 and ctx.hybrid_serving_s > 0

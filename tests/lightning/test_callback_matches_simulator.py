@@ -23,7 +23,7 @@ import torch
 
 from lightning_hybrid_rollout.config import RolloutConfig
 from lightning_hybrid_rollout.lightning.callback import HybridRolloutCallback
-from lightning_hybrid_rollout.lightning.runtime import RuntimeQueries
+from lightning_hybrid_rollout.run.runtime import RuntimeQueries
 from lightning_hybrid_rollout.schedule import DynamicResourceController
 from lightning_hybrid_rollout.schedule.cycle import CycleEnd, CycleLedger, ProductionByRole, Totals
 from lightning_hybrid_rollout.schedule.rate_matched_policy import RateScheduleContext
@@ -235,7 +235,7 @@ def _replay(
         hybrid_replicas=sim_shape.num_hybrid_replicas,
     )
     cb = HybridRolloutCallback(rollout, a, trace=False)
-    own = cb._ledger.shape  # the callback's own run shape agrees with the simulator's where both know it
+    own = cb.run.ledger.shape  # the callback's own run shape agrees with the simulator's where both know it
     for name in ("required_samples", "trigger_parameter_sync_step", "buffer_samples", "only_hybrid"):
         assert getattr(own, name) == getattr(sim_shape, name), name
     assert (own.num_standalone_replicas, own.num_hybrid_replicas) == (
@@ -244,14 +244,14 @@ def _replay(
     )
     clock = _Clock()
     rt = _ReplayRuntime(clock, scenario.switch)
-    cb._clock = clock
-    cb._runtime = rt
-    cb._controller = DynamicResourceController(
+    cb.run.clock = clock
+    cb.run.runtime = rt
+    cb.run.controller = DynamicResourceController(
         rt.pool, cb.policy, clock=clock, enable_rebalance=run.enable_rebalance, has_hybrid=True
     )
     # device counts: the simulator's (a replica of the seed scenario spans several devices); a = the trainer's
     spy = _SpyLedger(dataclasses.replace(sim_shape, hybrid_devices=0))
-    cb._ledger = spy
+    cb.run.ledger = spy
     trainer = SimpleNamespace(
         global_step=0,
         is_global_zero=True,
@@ -286,7 +286,7 @@ def _replay(
             rt.waits.append((wait_s, 0))
             cb.on_train_batch_start(trainer, module, None, step)  # type: ignore[arg-type]
             rt.q, rt.batch_tokens = q0, tokens
-            cb._next_batch()
+            cb.run.next_batch()
             clock.advance(compute[1])
             step += 1
             trainer.global_step = step
@@ -362,8 +362,10 @@ def test_time_between_two_steps_of_a_cycle_is_the_trainers_turn_too() -> None:
     cb = HybridRolloutCallback(RolloutConfig(model_path="unused", hybrid_replicas=1), a, trace=False)
     clock = _Clock()
     rt = _ReplayRuntime(clock, SwitchCosts())
-    cb._clock, cb._runtime = clock, rt
-    cb._controller = DynamicResourceController(rt.pool, cb.policy, clock=clock, enable_rebalance=False, has_hybrid=True)
+    cb.run.clock, cb.run.runtime = clock, rt
+    cb.run.controller = DynamicResourceController(
+        rt.pool, cb.policy, clock=clock, enable_rebalance=False, has_hybrid=True
+    )
     trainer = fake_trainer()
     module = SimpleNamespace(param_version=0, log=lambda *args, **kwargs: None)
     rt.q, rt.batch_tokens, rt.sync_s = 100, 40, 2.0
@@ -372,12 +374,12 @@ def test_time_between_two_steps_of_a_cycle_is_the_trainers_turn_too() -> None:
     for step in range(2):
         trainer.global_step = step
         cb.on_train_batch_start(trainer, module, None, step)  # type: ignore[arg-type]
-        cb._next_batch()
+        cb.run.next_batch()
         clock.advance(1.0)  # training
         trainer.global_step = step + 1
         cb.on_train_batch_end(trainer, module, None, None, step)  # type: ignore[arg-type]
         if step == 0:
             clock.advance(5.0)  # e.g. a checkpoint save between the two steps
-    out = cb.last_cycle_metrics
+    out = cb.run.last_cycle_metrics
     assert out[M.TRAIN_COMPUTE_TIME_S] == pytest.approx(2.0)
     assert out[M.TRAIN_ALLOCATED_TIME_S] == pytest.approx(clock.now - t0) == pytest.approx(1 + 5 + 1 + 2)

@@ -21,11 +21,11 @@ import torch
 from lightning_hybrid_rollout import metrics as M
 from lightning_hybrid_rollout.config import AsyncTrainingConfig, ConfigError, RolloutConfig
 from lightning_hybrid_rollout.lightning.callback import HybridRolloutCallback
-from lightning_hybrid_rollout.lightning.hybrid_pool import HybridReplicaPool
-from lightning_hybrid_rollout.lightning.runtime import RolloutRuntime
 from lightning_hybrid_rollout.rollout.engine import SamplingSpec
 from lightning_hybrid_rollout.rollout.rollouter import Rollouter
 from lightning_hybrid_rollout.rollout.weights import push
+from lightning_hybrid_rollout.run.hybrid_pool import HybridReplicaPool
+from lightning_hybrid_rollout.run.runtime import RolloutRuntime
 from lightning_hybrid_rollout.schedule import DynamicResourceController
 from tests.rollout.fakes import FakeReplica, char_tokenize
 
@@ -211,9 +211,9 @@ def drive(
 
         rt.trace_phase = record_phase  # type: ignore[method-assign]
         out.setdefault("phases", []).append(phases)
-        cb._runtime = rt
-        cb._run_dir = tmp_path
-        cb._controller = DynamicResourceController(
+        cb.run.runtime = rt
+        cb.run.run_dir = tmp_path
+        cb.run.controller = DynamicResourceController(
             rt.pool,
             cb.policy,
             clock=time.monotonic,
@@ -223,7 +223,7 @@ def drive(
         policy = cb.policy
 
         def should_activate_after_step(global_steps: int, is_hybrid_active: bool, ctx: Any) -> bool:
-            phase = "early" if cb.call_log and cb.call_log[-1] == "overlap_should_activate" else "controller"
+            phase = "early" if cb.run.call_log and cb.run.call_log[-1] == "overlap_should_activate" else "controller"
             events.add(f"ask:{phase}")
             out["asks"].append((phase, global_steps, len(ctx.step_wait_samples), ctx.trigger_parameter_sync_step))
             return decide(phase, global_steps)
@@ -249,7 +249,7 @@ def drive(
             trainer.global_step = step
             cb.on_train_batch_start(trainer, module, None, step)  # type: ignore[arg-type]
             out["onloaded_when_training"].append(not strategy.is_offloaded)
-            cb._next_batch()
+            cb.run.next_batch()
             out["batches"] += 1
             time.sleep(TRAIN_S)
             trainer.global_step = step + 1
@@ -257,21 +257,21 @@ def drive(
                 "step": step + 1,
                 "events": len(events.items),
                 "calls": len(rt.pool.calls),
-                "log": len(cb.call_log),
+                "log": len(cb.run.call_log),
                 "broadcasts": len(strategy.broadcasts),
             }
             t0 = time.monotonic()
             cb.on_train_batch_end(trainer, module, None, None, step)  # type: ignore[arg-type]
-            if cb._is_cycle_end(trainer):  # type: ignore[arg-type]
+            if cb.run.is_sync_boundary(trainer.global_step):  # type: ignore[arg-type]
                 mark["seconds"] = time.monotonic() - t0
                 mark["pool_calls"] = rt.pool.calls[mark["calls"] :]
-                mark["call_log"] = cb.call_log[mark["log"] :]
+                mark["call_log"] = cb.run.call_log[mark["log"] :]
                 mark["labels"] = events.labels(mark["events"])
                 mark["broadcast"] = strategy.broadcasts[mark["broadcasts"] :]
                 mark["active"] = cb.controller.is_hybrid_active  # type: ignore[union-attr]
                 mark["awake"] = rt.pool.awake
-                mark["param_version"] = cb.param_version
-                mark["metrics"] = dict(cb.last_cycle_metrics)
+                mark["param_version"] = cb.run.param_version
+                mark["metrics"] = dict(cb.run.last_cycle_metrics)
                 out["boundaries"].append(mark)
     finally:
         rt.stop()
@@ -318,7 +318,7 @@ def test_without_overlap_sync_the_cycle_end_keeps_the_seed_order(tmp_path: Path,
     assert second["pool_calls"] == [] and second["broadcast"] == ["stay"]
     assert [p["role"] for p in fake_push] == ["standalone", "hybrid", "standalone"]
     assert [phase for phase, *_ in run["asks"]] == ["controller"] * 3
-    assert "overlap_should_activate" not in run["cb"].call_log and run["cb"].overlap_events == []
+    assert "overlap_should_activate" not in run["cb"].run.call_log and run["cb"].run.overlap.events == []
     assert all(run["onloaded_when_training"])
 
 
@@ -418,11 +418,11 @@ def test_overlap_sync_asks_first_and_wakes_and_syncs_hybrid_during_the_standalon
     # blocked for max(standalone, wake + hybrid sync), not their sum
     sequential = PUSH_S + WAKE_S + PUSH_S
     assert b["seconds"] < sequential - 0.25, b["seconds"]
-    (event,) = run["cb"].overlap_events
+    (event,) = run["cb"].run.overlap.events
     assert event["activated"] and event["hybrid_error"] is None
     # saved: min(standalone, wake + hybrid sync), what the seed's order adds on top of the longer half
     assert event["saved_s"] > PUSH_S - 0.1, event
-    assert run["cb"].last_cycle_metrics["dynamic_resource/overlap_saved_s"] == event["saved_s"]
+    assert run["cb"].run.last_cycle_metrics["dynamic_resource/overlap_saved_s"] == event["saved_s"]
     # the hybrid replica is routable and generating for the rollouter
     lb = run["rt"].rollouter.load_balancer
     assert "hybrid-0" in lb.routable_replica_ids()
@@ -459,14 +459,14 @@ def test_overlap_sync_puts_the_replicas_back_to_sleep_when_the_policy_changes_it
         assert b["broadcast"] == ["offload"]
         assert not b["active"] and not b["awake"]
     cb = run["cb"]
-    assert [e["activated"] for e in cb.overlap_events] == [False, False]
-    assert all("undo_s" in e for e in cb.overlap_events)
-    assert cb.switch_events == [] and cb.controller.activate_count == 0
+    assert [e["activated"] for e in cb.run.overlap.events] == [False, False]
+    assert all("undo_s" in e for e in cb.run.overlap.events)
+    assert cb.run.switch_events == [] and cb.controller.activate_count == 0
     # the trainer is onloaded at the next cycle start, as after a deactivation: every step trained onloaded
     assert all(run["onloaded_when_training"])
     assert run["events"].labels().count("onload") == 1  # the second boundary is the last step
     assert run["strategy"].is_offloaded
-    assert cb.hybrid_sync_skipped == 1  # the start decision only: the cycles synced the hybrid replica
+    assert cb.run.hybrid_sync_skipped == 1  # the start decision only: the cycles synced the hybrid replica
 
 
 def test_overlap_sync_does_nothing_extra_when_the_policy_will_not_activate(
@@ -477,7 +477,7 @@ def test_overlap_sync_does_nothing_extra_when_the_policy_will_not_activate(
         assert b["labels"] == ["ask:early", "push:standalone:start", "push:standalone:end", "ask:controller"]
         assert b["pool_calls"] == [] and b["broadcast"] == []
     assert [p["role"] for p in fake_push] == ["standalone", "standalone"]
-    assert run["cb"].overlap_events == [] and run["cb"].hybrid_sync_skipped == 3
+    assert run["cb"].run.overlap.events == [] and run["cb"].run.hybrid_sync_skipped == 3
 
 
 def test_overlap_sync_is_not_asked_while_hybrid_is_active(tmp_path: Path, fake_push: list[Any]) -> None:
@@ -486,7 +486,7 @@ def test_overlap_sync_is_not_asked_while_hybrid_is_active(tmp_path: Path, fake_p
     (b,) = run["boundaries"]
     assert b["labels"] == ["push:standalone:start", "push:standalone:end", "ask:controller"]
     assert b["pool_calls"] == [] and b["active"]
-    assert run["rt"].pool.calls == SEED_ACTIVATE and run["cb"].overlap_events == []
+    assert run["rt"].pool.calls == SEED_ACTIVATE and run["cb"].run.overlap.events == []
 
 
 def test_overlap_sync_prepares_again_after_a_deactivation(tmp_path: Path, fake_push: list[Any]) -> None:
@@ -495,7 +495,7 @@ def test_overlap_sync_prepares_again_after_a_deactivation(tmp_path: Path, fake_p
     assert run["rt"].pool.calls[:4] == SEED_ACTIVATE
     for b in run["boundaries"]:
         assert b["labels"][:2] == ["ask:early", "offload"] and b["pool_calls"] == PREPARED_ACTIVATE
-    assert [e["kind"] for e in run["cb"].switch_events] == [
+    assert [e["kind"] for e in run["cb"].run.switch_events] == [
         "activate",
         "deactivate",
         "activate",
@@ -527,7 +527,7 @@ def test_a_failed_hybrid_half_falls_back_to_the_seed_activation(
     (b,) = run["boundaries"]
     assert b["pool_calls"] == ["wake_up_replicas (overlapped)", "sleep_replicas", *SEED_ACTIVATE]
     assert b["broadcast"] == ["offload"]  # still one broadcast for the boundary
-    assert b["active"] and run["cb"].overlap_events[0]["hybrid_error"]
+    assert b["active"] and run["cb"].run.overlap.events[0]["hybrid_error"]
 
 
 # ------------------------------------------------------------------------------------------- early_first_sync
@@ -540,20 +540,20 @@ def test_early_first_sync_syncs_after_step_one_then_every_m_steps(tmp_path: Path
     assert [b["step"] for b in seed["boundaries"]] == [3, 6]
     # same optimizer steps and samples, one more sync and param version
     assert early["batches"] == seed["batches"] == 7
-    assert early["cb"].samples_consumed == seed["cb"].samples_consumed == 7 * early["a"].required_samples
-    assert early["cb"].param_version == early["cb"].cycles_done == 3
-    assert seed["cb"].param_version == seed["cb"].cycles_done == 2
+    assert early["cb"].run.samples_consumed == seed["cb"].run.samples_consumed == 7 * early["a"].required_samples
+    assert early["cb"].run.param_version == early["cb"].run.cycles_done == 3
+    assert seed["cb"].run.param_version == seed["cb"].run.cycles_done == 2
     assert [p["version"] for p in fake_push if p["role"] == "standalone"] == [1, 2, 3, 1, 2]
     # the policy decides after each sync; the first cycle has one collection, the context keeps m
     assert [(s, n, m) for _, s, n, m in early["asks"]] == [(0, 0, 3), (1, 1, 3), (2, 2, 3), (3, 3, 3)]
     # a cycle starts at step 0 and after every sync: before_step ran at global steps 0, 1, 3, 6
-    assert early["cb"].call_log.count("should_deactivate") == 4
-    assert seed["cb"].call_log.count("should_deactivate") == 3
+    assert early["cb"].run.call_log.count("should_deactivate") == 4
+    assert seed["cb"].run.call_log.count("should_deactivate") == 3
 
 
 def test_early_first_sync_with_m_one_changes_nothing(tmp_path: Path, fake_push: list[Any]) -> None:
     run = drive(tmp_path, lambda p, s: False, steps=3, trigger_parameter_sync_step=1, early_first_sync=True)
-    assert [b["step"] for b in run["boundaries"]] == [1, 2, 3] and run["cb"].param_version == 3
+    assert [b["step"] for b in run["boundaries"]] == [1, 2, 3] and run["cb"].run.param_version == 3
 
 
 @pytest.mark.parametrize("resume_after", [1, 2])
@@ -568,8 +568,8 @@ def test_early_first_sync_resumes_on_the_same_cadence(tmp_path: Path, fake_push:
     )
     assert run["saved"]["param_version"] == run["saved"]["cycles_done"] == 1
     assert [b["step"] for b in run["boundaries"]] == [1, 3, 6]
-    assert run["cb"].param_version == run["cb"].cycles_done == 3
-    assert run["cb"].call_log.count("should_deactivate") == (3 if resume_after == 1 else 2)
+    assert run["cb"].run.param_version == run["cb"].run.cycles_done == 3
+    assert run["cb"].run.call_log.count("should_deactivate") == (3 if resume_after == 1 else 2)
 
 
 def test_early_first_sync_and_overlap_sync_prepare_the_first_activation_after_one_step(

@@ -476,7 +476,7 @@ def test_cpu_example_instantiates_without_starting_anything(
     assert list(tmp_path.iterdir()) == [], "instantiation wrote files (the model is only built in setup)"
     assert type(lightning_cli.trainer.strategy).__name__ == "HybridSingleDeviceStrategy"
     policy = expected["trainer"]["callbacks"][0]["init_args"]["async_training"]["dynamic_schedule_policy"]
-    assert callback.async_training.dynamic_schedule_policy == policy
+    assert callback.run.async_training.dynamic_schedule_policy == policy
     logger_classes = {type(lg).__name__ for lg in lightning_cli.trainer.loggers}
     assert "CSVLogger" in logger_classes
     assert ("WandbLogger" in logger_classes) == ("wandb" in path.stem)

@@ -39,7 +39,9 @@ def test_lhr_validate_on_the_agentic_example_prints_the_episode_reward_of_whole_
     t["callbacks"][1]["init_args"]["dirpath"] = str(tmp_path / "checkpoints")
     cb = t["callbacks"][0]["init_args"]
     cb["rollout"]["model_path"] = str(smollm2_dir)
-    cb["environment"] = str(REPO / cb["environment"].split(":")[0]) + ":" + cb["environment"].split(":")[1]
+    cb["agentic"]["environment"] = (
+        str(REPO / cb["agentic"]["environment"].split(":")[0]) + ":" + cb["agentic"]["environment"].split(":")[1]
+    )
     path = tmp_path / "smollm2_agentic_cpu.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
 
@@ -62,5 +64,5 @@ def test_lhr_validate_on_the_agentic_example_prints_the_episode_reward_of_whole_
     reward, turns = float(row["val/episode_reward"]), float(row["val/turns"])
     assert 0.0 <= reward <= 1.0 and 0.0 <= float(row["val/env_reward"]) <= 1.0
     # whole episodes: a wrong guess is answered by the environment and the model guesses again (max_turns: 3)
-    assert 1.0 < turns <= cb["max_turns"], row
+    assert 1.0 < turns <= cb["agentic"]["max_turns"], row
     assert float(row["val/tool_calls"]) >= 8, row  # 8 episodes (val_prompts=8), each stepped at least once

@@ -57,7 +57,7 @@ def _config(run_dir: Path, model_id: str) -> dict[str, Any]:
                     "class_path": "lightning_hybrid_rollout.HybridRolloutCallback",
                     "init_args": {
                         "dataset": {"path": DATA_ID, "val_path": DATA_ID},
-                        "reward_funcs": [f"{REPO / 'examples' / 'smollm2' / 'rewards.py'}:sum_correct"],
+                        "rewards": {"reward_funcs": [f"{REPO / 'examples' / 'smollm2' / 'rewards.py'}:sum_correct"]},
                         "rollout": {
                             "model_path": model_id,
                             "model_revision": "main",

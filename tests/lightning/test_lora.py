@@ -19,7 +19,11 @@ from lightning.pytorch import Trainer
 
 from lightning_hybrid_rollout.errors import ConfigError
 from lightning_hybrid_rollout.lightning.data import RolloutDataModule
-from lightning_hybrid_rollout.lightning.lora import (
+from lightning_hybrid_rollout.lightning.module import GRPOModule
+from lightning_hybrid_rollout.lightning.strategies import HybridSingleDeviceStrategy
+from lightning_hybrid_rollout.rollout.sample import Sample
+from lightning_hybrid_rollout.rollout.weights.format import checksum_state
+from lightning_hybrid_rollout.training.lora import (
     VLLM_LORA_RANKS,
     adapter_state_dict,
     check_adapter_sync,
@@ -29,10 +33,6 @@ from lightning_hybrid_rollout.lightning.lora import (
     lora_config_from,
     merged_state_dict,
 )
-from lightning_hybrid_rollout.lightning.module import GRPOModule
-from lightning_hybrid_rollout.lightning.strategies import HybridSingleDeviceStrategy
-from lightning_hybrid_rollout.rollout.sample import Sample
-from lightning_hybrid_rollout.rollout.weights.format import checksum_state
 
 HERE = Path(__file__).resolve().parent
 VOCAB = 64

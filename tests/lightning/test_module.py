@@ -18,9 +18,9 @@ from lightning.pytorch.loggers import CSVLogger
 
 from lightning_hybrid_rollout.lightning.data import RolloutDataModule, collate_samples
 from lightning_hybrid_rollout.lightning.module import GRPOModule, kl_k3, ppo_clip_loss
-from lightning_hybrid_rollout.lightning.off_policy import OffPolicyCorrection
 from lightning_hybrid_rollout.models.format_warmup import format_warmup
 from lightning_hybrid_rollout.rollout.sample import Sample
+from lightning_hybrid_rollout.training.off_policy import OffPolicyCorrection
 
 REPO = Path(__file__).resolve().parents[2]
 VOCAB = 64
@@ -147,7 +147,7 @@ def _grads(module: GRPOModule, loss: torch.Tensor) -> list[torch.Tensor]:
 def test_token_logprobs_score_only_response_positions_and_equal_the_full_logits() -> None:
     """Logits are computed from the first response position on (``logits_to_keep``); the scored values equal a
     full forward's, the prompt columns before it are 0, and a model without ``logits_to_keep`` gets the same (the
-    plain forward: ``shared_prompt_forward`` off, tests/lightning/test_shared_prompt.py has the shared one)."""
+    plain forward: ``shared_prompt_forward`` off, tests/training/test_shared_prompt.py has the shared one)."""
     module = GRPOModule(model=tiny_llama(), shared_prompt_forward=False)
     batch = collate_samples(synthetic_samples(3, groups=3))
     calls: list[int] = []

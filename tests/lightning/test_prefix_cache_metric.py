@@ -5,8 +5,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from lightning_hybrid_rollout.lightning.cycle_report import PREFIX_CACHE_HIT_RATE
-from lightning_hybrid_rollout.lightning.runtime import RuntimeQueries
 from lightning_hybrid_rollout.rollout.role_window import RoleWindow
+from lightning_hybrid_rollout.run.runtime import RuntimeQueries
 from tests.lightning._cycle_report_harness import cycle_report, recording_trainer
 
 

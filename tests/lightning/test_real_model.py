@@ -135,7 +135,7 @@ def test_lhr_validate_reports_mean_reward_and_pass_at_k_of_the_real_model_from_v
                     "class_path": "lightning_hybrid_rollout.HybridRolloutCallback",
                     "init_args": {
                         "dataset": {"path": str(val), "val_path": str(val), "prompt_column": "prompt"},
-                        "reward_funcs": [f"{repo / 'examples' / 'smollm2' / 'rewards.py'}:sum_correct"],
+                        "rewards": {"reward_funcs": [f"{repo / 'examples' / 'smollm2' / 'rewards.py'}:sum_correct"]},
                         "rollout": {"model_path": str(smollm2_dir), "response_length": 8, "prompt_length": 64},
                     },
                 }

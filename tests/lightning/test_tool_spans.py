@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lightning_hybrid_rollout.config import AsyncTrainingConfig, RolloutConfig
-from lightning_hybrid_rollout.lightning.runtime import RolloutRuntime
+from lightning_hybrid_rollout.run.runtime import RolloutRuntime
 from lightning_hybrid_rollout.trace import TOOLS_GROUP, load_trace
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from lightning_hybrid_rollout.config import AsyncTrainingConfig, RolloutConfig
 from lightning_hybrid_rollout.lightning.cycle_report import WEIGHT_SYNC_BYTES
-from lightning_hybrid_rollout.lightning.runtime import RolloutRuntime
+from lightning_hybrid_rollout.run.runtime import RolloutRuntime
 from tests.lightning._cycle_report_harness import cycle_report, recording_trainer
 
 

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from lightning_hybrid_rollout.errors import WeightSyncError
-from lightning_hybrid_rollout.lightning.lora import adapter_groups, engine_lora_config, inject_lora, lora_config_from
 from lightning_hybrid_rollout.rollout.engine import SamplingSpec
 from lightning_hybrid_rollout.rollout.weights.format import WeightBucket, checksum_state
 from lightning_hybrid_rollout.rollout.weights.push import push_weights_async, seam
+from lightning_hybrid_rollout.training.lora import adapter_groups, engine_lora_config, inject_lora, lora_config_from
 
 pytestmark = pytest.mark.slow
 

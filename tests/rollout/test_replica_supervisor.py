@@ -193,8 +193,8 @@ def test_max_restarts_zero_never_replaces(max_restarts: int) -> None:
 def test_a_replacement_that_dies_while_waiting_to_join_is_started_again_and_counted_once_it_joins() -> None:
     """RolloutRuntime.supervise: a replacement up but deferred (no weights of this version yet) that dies there
     leaves the joining list, counts as a failed start and is launched again; the next one joins and counts."""
-    from lightning_hybrid_rollout.lightning.runtime import RolloutRuntime
     from lightning_hybrid_rollout.rollout.event_loop import EventLoopThread
+    from lightning_hybrid_rollout.run.runtime import RolloutRuntime
 
     started: list[FakeReplica] = []
 

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from lightning_hybrid_rollout.lightning.lora import WeightGroup, adapter_groups, weight_groups
 from lightning_hybrid_rollout.rollout.weights.format import DEFAULT_BUCKET_BYTES as DEFAULT_BUCKET_BYTES
+from lightning_hybrid_rollout.training.lora import WeightGroup, adapter_groups, weight_groups
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -224,7 +224,7 @@ class HybridStrategyMixin:
             bucket_bytes: target bucket size in bytes (> 0).
             rank_zero_only: materialize the tensors on global rank 0 only.
             adapter_only: a LoRA policy's adapter tensors only, under PEFT's names (``rollout.lora_sync: adapter``,
-                :func:`~lightning_hybrid_rollout.lightning.lora.adapter_groups`), instead of the merged weights.
+                :func:`~lightning_hybrid_rollout.training.lora.adapter_groups`), instead of the merged weights.
 
         Yields:
             Lists of ``(name, tensor)``; the same number of buckets on every rank.

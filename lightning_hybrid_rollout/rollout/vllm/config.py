@@ -70,7 +70,7 @@ class VLLMEngineConfig:
             traffic, about 2x faster (``benchmarks/weight_sync.py``). Used only where it is exact: unquantized
             models on the oneDNN path whose checkpoint names map onto the vLLM modules; otherwise the layer-wise
             reload runs. ``health()["last_update"]["mode"]`` says which one ran.
-        lora: The policy's LoRA adapter (:func:`~lightning_hybrid_rollout.lightning.lora.engine_lora_config`:
+        lora: The policy's LoRA adapter (:func:`~lightning_hybrid_rollout.training.lora.engine_lora_config`:
             ``r``, ``lora_alpha``, ``target_modules``, ..., ``max_lora_rank``) when weight syncs send the adapter
             alone (``rollout.lora_sync: adapter``): the engine starts with vLLM's LoRA on, keeps its base weights, and
             every weight update is an adapter built in memory in the worker. None: plain engine, full-weight updates.

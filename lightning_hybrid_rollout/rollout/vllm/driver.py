@@ -169,6 +169,7 @@ class VLLMEngine(WeightUpdates):
         )[0]
         self.timings["init_rpc_s"] = time.perf_counter() - t
         self.engine_pid = int(info["pid"])
+        self.engine_dtype = info.get("dtype")
         self._checksum = info.get("checksum")
         self.timings["direct_reload"] = float(bool(info.get("direct_reload")))
         if self.config.presize_staging and info.get("checkpoint_bytes"):
@@ -507,4 +508,5 @@ class VLLMEngine(WeightUpdates):
             "last_update": dict(self.last_update_info),
             "weight_syncs_by_transport": dict(self.syncs_by_transport),
             "cuda_device": self._cuda_device,
+            "engine_dtype": self.engine_dtype,
         }

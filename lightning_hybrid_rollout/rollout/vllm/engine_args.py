@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import logging
 import os
 import tempfile
@@ -22,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from lightning_hybrid_rollout.did_you_mean import did_you_mean
 from lightning_hybrid_rollout.errors import EngineArgsError
 
 __all__ = ["check_engine_args", "one_line_error"]
@@ -97,8 +97,7 @@ def _check(kwargs: Mapping[str, Any], where: str, create_config: bool | None) ->
     valid = [f.name for f in dataclasses.fields(AsyncEngineArgs)]
     for key in kwargs:
         if key not in valid:
-            close = difflib.get_close_matches(str(key), valid, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
+            hint = did_you_mean(key, valid)
             raise EngineArgsError(
                 f"{where}: vLLM {vllm_version} has no engine argument {key!r}.{hint} Valid names are the fields of "
                 f"vllm.AsyncEngineArgs (`vllm serve --help` shows them with dashes)."

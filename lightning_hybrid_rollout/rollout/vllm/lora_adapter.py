@@ -38,7 +38,7 @@ class WorkerAdapter:
     """The engine's adapter, in the worker: :meth:`install` a new version, :meth:`fingerprint` its slot.
 
     Args:
-        config: The adapter's PEFT fields (:func:`~lightning_hybrid_rollout.lightning.lora.engine_lora_config`).
+        config: The adapter's PEFT fields (:func:`~lightning_hybrid_rollout.training.lora.engine_lora_config`).
     """
 
     def __init__(self, config: dict[str, Any]) -> None:

@@ -68,6 +68,8 @@ class WeightUpdates:
         self.syncs_by_transport: Counter[str] = Counter()
         from lightning_hybrid_rollout.rollout.weights.cuda_ipc import device_uuid
 
+        #: The dtype the engine holds its weights in (``"bfloat16"``; reported at start): a delta is built in it.
+        self.engine_dtype: str | None = None
         #: This process's CUDA device UUID (None on CPU): ``auto`` picks ``cuda_ipc`` when it is the trainer's.
         self._cuda_device = device_uuid()
         #: Bumped whenever the weights or the KV memory may have changed (every update session's end, a GPU wake):

@@ -9,6 +9,9 @@ to the loader under the trainer's names, and loads it: on CPU by the direct relo
 is exact, elsewhere by vLLM's layer-wise in-place reload. At the end of an update it checks coverage (every model
 parameter was written) and reads back what vLLM keeps materialized. An engine started with LoRA on takes adapter-only
 updates instead: the received tensors become the engine's adapter (:mod:`.lora_adapter`), its base stays as loaded.
+With ``rollout.weight_encoding: delta`` the worker keeps a dense copy of its weights (:class:`~lightning_hybrid_rollout.
+rollout.weights.delta.DeltaShadow`): a delta is applied to it and the whole result is loaded at the finish, hashed like
+a full sync.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch
 
 from lightning_hybrid_rollout.rollout.vllm.direct_reload import DirectReload
 from lightning_hybrid_rollout.rollout.vllm.lora_adapter import WorkerAdapter
+from lightning_hybrid_rollout.rollout.weights.delta import DeltaShadow
 from lightning_hybrid_rollout.rollout.weights.format import (
     checksum_state,
     combine_digests,
@@ -55,8 +59,8 @@ class LHRWorkerExtension:
     Its state (set by :meth:`lhr_init` and the attach / update calls; ``_lhr_`` keeps it apart from vLLM's):
     ``_lhr_mm`` / ``_lhr_node_mm`` (the driver's staging file / the trainer's node staging file, mapped),
     ``_lhr_update`` (the update in progress), ``_lhr_direct`` (the direct reload, where it is exact), ``_lhr_fp``
-    (the parameter fingerprint at the last verified load) and ``_lhr_adapter`` (the LoRA adapter of an
-    adapter-synced engine, else None).
+    (the parameter fingerprint at the last verified load), ``_lhr_adapter`` (the LoRA adapter of an
+    adapter-synced engine, else None) and ``_lhr_shadow`` (the dense weights a delta is applied to).
     """
 
     _lhr_mm: mmap.mmap | None
@@ -65,6 +69,7 @@ class LHRWorkerExtension:
     _lhr_direct: DirectReload | None
     _lhr_fp: dict[str, str]
     _lhr_adapter: WorkerAdapter | None
+    _lhr_shadow: DeltaShadow
 
     # ---- helpers --------------------------------------------------------------------------------------------------
     def _lhr_model(self) -> torch.nn.Module:
@@ -114,6 +119,9 @@ class LHRWorkerExtension:
 
         ``lora``: the adapter's PEFT fields; every update of this engine is then an adapter-only one."""
         out: dict[str, Any] = {"pid": os.getpid(), "checksum": None}
+        # the trainer casts a delta's tensors to this dtype (what the engine holds), so a delta is exact
+        out["dtype"] = str(self.vllm_config.model_config.dtype).removeprefix("torch.")  # type: ignore[attr-defined]
+        self._lhr_shadow = DeltaShadow()
         self._lhr_mm = None
         self._lhr_update = None
         self._lhr_adapter = WorkerAdapter(lora) if lora is not None else None
@@ -186,11 +194,19 @@ class LHRWorkerExtension:
             else "layerwise",
             "load_s": 0.0,
             "hash_s": 0.0,
+            "delta_s": 0.0,
             "minflt0": resource.getrusage(resource.RUSAGE_SELF).ru_minflt,
         }
         if self._lhr_update["mode"] == "layerwise":
             initialize_layerwise_reload(model)
+        self._lhr_delta().begin()
         return True
+
+    def _lhr_delta(self) -> DeltaShadow:
+        shadow = getattr(self, "_lhr_shadow", None)
+        if shadow is None:
+            shadow = self._lhr_shadow = DeltaShadow()
+        return shadow
 
     def _lhr_feed(self, items: list[tuple[str, torch.Tensor]], source: Any = None) -> dict[str, Any]:
         """Hash the received tensors, remember them for the read-back, and load them (direct or layer-wise).
@@ -198,11 +214,23 @@ class LHRWorkerExtension:
         ``source``: the buffer the tensors are views of (lets the direct reload pack a fused projection from its
         adjacent parts without concatenating them first).
         """
+        if self._lhr_update is None:
+            raise RuntimeError("weights arrived without lhr_begin_update")
+        # a delta-encoded run's header and tensors: a full payload is kept as the shadow and loaded now, a delta
+        # is applied to the shadow and loaded at the finish (nothing to load now)
+        t = time.perf_counter()
+        items = self._lhr_delta().take(items)
+        self._lhr_update["delta_s"] += time.perf_counter() - t
+        if not items:
+            return {"tensors": 0}
+        return self._lhr_load(items, source)
+
+    def _lhr_load(self, items: list[tuple[str, torch.Tensor]], source: Any = None) -> dict[str, Any]:
+        """:meth:`_lhr_feed` past the delta: hash, remember and load ``items``."""
         from vllm.config import set_current_vllm_config
 
         upd = self._lhr_update
-        if upd is None:
-            raise RuntimeError("weights arrived without lhr_begin_update")
+        assert upd is not None
         t = time.perf_counter()
         for name, tensor in items:
             if name in upd["digests"]:
@@ -285,6 +313,15 @@ class LHRWorkerExtension:
         upd = self._lhr_update
         if upd is None:
             raise RuntimeError("lhr_finish_update without lhr_begin_update")
+        shadow = self._lhr_delta()
+        delta_error = None
+        if upd["mode"] != "adapter":
+            try:  # a delta's result: the whole updated shadow, loaded (and hashed) as a full sync would be
+                pending = shadow.pending()
+                if pending:
+                    self._lhr_load(pending)
+            except Exception as e:  # the loader refused it: the update fails below, the shadow is dropped
+                delta_error = f"loading the delta-updated weights failed: {type(e).__name__}: {e}"
         self._lhr_update = None
         if upd["mode"] == "adapter":
             return self._lhr_finish_adapter(upd)
@@ -303,6 +340,7 @@ class LHRWorkerExtension:
             "mode": upd["mode"],
             "load_s": upd["load_s"],
             "hash_s": upd["hash_s"],
+            "delta_s": upd["delta_s"],
             "page_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - upd["minflt0"],
         }
         errors = []
@@ -317,6 +355,13 @@ class LHRWorkerExtension:
         if bad:
             errors.append(f"read-back mismatch after load for {len(bad)} parameter(s): {bad[:5]}")
         out["checksum"] = combine_digests(upd["digests"])
+        out["encoding"], out["delta_elements"] = shadow.mode or "full", shadow.changed
+        if delta_error is not None:
+            errors.append(delta_error)
+        if errors:
+            shadow.abandon()
+        else:
+            shadow.commit(out["checksum"])
         upd["received"].clear()
         upd["keep"].clear()
         self._lhr_fp = self._lhr_fingerprint()
@@ -363,6 +408,7 @@ class LHRWorkerExtension:
         if upd is None:
             return False
         self._lhr_update = None
+        self._lhr_delta().abandon()
         if upd["mode"] == "layerwise":
             finalize_layerwise_reload(self._lhr_model(), self.vllm_config.model_config)  # type: ignore[attr-defined]
         return True

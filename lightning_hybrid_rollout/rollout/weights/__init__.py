@@ -8,6 +8,7 @@
 - :mod:`.node_shm`, :mod:`.ray_store`, :mod:`.collective`, :mod:`.cuda_ipc`: one module per transport;
 - :mod:`.push`: the bucket streaming and staged commit of ``node_shm`` / ``ray`` (mixed per replica by ``auto``);
 - :mod:`.router`: ``rollout.weight_transport`` applied (which transport each replica takes);
+- :mod:`.delta`: ``rollout.weight_encoding: delta`` (each version's changed elements, the engine's dense copy);
 - :mod:`.report`: the push's report and the verdict on the replicas' checksums.
 
 The package imports nothing at import time (each module is imported where it is used).

@@ -171,8 +171,11 @@ class WeightTransport(abc.ABC):
         staged: bool = False,
         on_commit: Callable[[], Awaitable[Any]] | None = None,
         keep: bool = False,
+        expected_checksum: str | None = None,
     ) -> SyncReport:
-        """Push to ``replicas``; ``staged``, ``on_commit`` and ``keep`` as in :func:`~.push.push_weights_async`."""
+        """Push to ``replicas``; ``staged``, ``on_commit``, ``keep`` and ``expected_checksum`` (the checksum the
+        replicas must report, when it is not the one of ``named_tensors``: a delta) as in
+        :func:`~.push.push_weights_async`."""
 
     def close(self) -> None:  # noqa: B027 - most transports hold nothing
         """Release what the transport holds (process groups, stores); it may be used again afterwards."""

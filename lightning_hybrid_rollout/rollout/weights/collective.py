@@ -168,6 +168,7 @@ class CollectiveTransport(WeightTransport):
         staged: bool = False,
         on_commit: Callable[[], Awaitable[Any]] | None = None,
         keep: bool = False,
+        expected_checksum: str | None = None,
     ) -> SyncReport:
         """Broadcast layer-aligned buckets to every replica at once; each engine loads bucket k while the trainer
         packs bucket k+1. ``staged``: every bucket is received while the engines keep serving, then each pauses
@@ -179,7 +180,9 @@ class CollectiveTransport(WeightTransport):
         layouts = [BucketLayout.of(b) for b in buckets]
         nbytes = sum(x.nbytes for x in layouts)
         if not replicas:
-            return await verified_sessions(self.name, host, [], version, None, nbytes, len(buckets))
+            return await verified_sessions(
+                self.name, host, [], version, None, nbytes, len(buckets), checksum=expected_checksum
+            )
         group = await self._group_for(replicas)
         device = self.device or torch.device("cpu")
         ready = [asyncio.Event() for _ in buckets]  # replica-side receive of bucket k was sent
@@ -203,7 +206,9 @@ class CollectiveTransport(WeightTransport):
         try:
             if not staged:
                 load = lambda r: receive_all(r, False)  # noqa: E731
-                return await verified_sessions(self.name, host, replicas, version, load, nbytes, len(buckets), keep)
+                return await verified_sessions(
+                    self.name, host, replicas, version, load, nbytes, len(buckets), keep, expected_checksum
+                )
             staging = await asyncio.gather(*(receive_all(r, True) for r in replicas), return_exceptions=True)
             failed = {
                 r.replica_id: f"staging failed: {e!r}" for r, e in zip(replicas, staging) if isinstance(e, Exception)
@@ -220,7 +225,9 @@ class CollectiveTransport(WeightTransport):
                 await sender
         if on_commit is not None:
             await on_commit()
-        return await verified_sessions(self.name, host, replicas, version, commit, nbytes, len(buckets), keep)
+        return await verified_sessions(
+            self.name, host, replicas, version, commit, nbytes, len(buckets), keep, expected_checksum
+        )
 
     def close(self) -> None:
         """Shut every broadcast group down (the engines drop theirs when they join a new one or stop)."""

@@ -65,6 +65,7 @@ class CudaIpcTransport(WeightTransport):
         staged: bool = False,
         on_commit: Callable[[], Awaitable[Any]] | None = None,
         keep: bool = False,
+        expected_checksum: str | None = None,
     ) -> SyncReport:
         """Send the handles; ``staged`` has nothing to stage (``on_commit`` runs first)."""
         device = torch.device("cuda", torch.cuda.current_device())
@@ -79,7 +80,7 @@ class CudaIpcTransport(WeightTransport):
             return await r.receive_weights(self.name, request)
 
         host = [(n, t.cpu()) for n, t in named]
-        return await verified_sessions(self.name, host, replicas, version, load, nbytes, 1, keep)
+        return await verified_sessions(self.name, host, replicas, version, load, nbytes, 1, keep, expected_checksum)
 
 
 class CudaIpcReceiver(EngineReceiver):

@@ -187,12 +187,14 @@ class WeightBucket:
 
 
 def _layer_key(name: str) -> str:
-    """Group key keeping everything of one decoder layer together (outermost integer path segment)."""
-    parts = name.split(".")
+    """Group key keeping everything of one decoder layer together (outermost integer path segment); a delta's
+    ``name@idx`` / ``name@val`` pair (:mod:`.delta`) goes with ``name``."""
+    base = name.partition("@")[0]
+    parts = base.split(".")
     for i, p in enumerate(parts):
         if p.isdigit():
             return ".".join(parts[: i + 1])
-    return name
+    return base
 
 
 def plan_buckets(

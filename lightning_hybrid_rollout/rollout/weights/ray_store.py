@@ -29,6 +29,7 @@ class RayStoreTransport(WeightTransport):
         staged: bool = False,
         on_commit: Callable[[], Awaitable[Any]] | None = None,
         keep: bool = False,
+        expected_checksum: str | None = None,
     ) -> SyncReport:
         from lightning_hybrid_rollout.rollout.weights import push
 
@@ -41,4 +42,5 @@ class RayStoreTransport(WeightTransport):
             staged=staged,
             on_commit=on_commit,
             keep=keep,
+            expected_checksum=expected_checksum,
         )

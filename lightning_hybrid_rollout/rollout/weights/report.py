@@ -45,6 +45,15 @@ class SyncReport:
         per_replica_transport: ``replica_id -> `` the transport that replica took.
         per_replica_commit_seconds: Staged pushes: ``replica_id -> seconds`` the replica stopped generating (from
             ``begin_weight_update`` to its verified load).
+        encoding: What the replicas received (``rollout.weight_encoding``): ``"full"``, ``"delta"``, or both joined
+            by ``+`` (:mod:`.delta`); ``bytes`` is then the sum of every payload made once.
+        per_replica_encoding: ``replica_id -> `` the encoding that replica's verified weights came in (delta runs).
+        full_bytes: Delta runs: the bytes a full sync in the engine's dtype moves (0: not a delta run).
+        changed_fraction: Delta runs: the share of elements that changed since the previous version, in the engine's
+            dtype (None: the first version, or not a delta run).
+        encode_seconds: Delta runs: trainer-side seconds casting and diffing this version (0 when an earlier push
+            of the same version already did).
+        repaired: Replicas whose delta failed (checksum, base) and that a full sync in the same push repaired.
     """
 
     version: int
@@ -59,6 +68,12 @@ class SyncReport:
     transport: str = "ray_object_store"
     per_replica_transport: dict[str, str] = field(default_factory=dict)
     per_replica_commit_seconds: dict[str, float] = field(default_factory=dict)
+    encoding: str = "full"
+    per_replica_encoding: dict[str, str] = field(default_factory=dict)
+    full_bytes: int = 0
+    changed_fraction: float | None = None
+    encode_seconds: float = 0.0
+    repaired: list[str] = field(default_factory=list)
 
     @property
     def gb_per_s(self) -> float:
@@ -117,13 +132,18 @@ async def verified_sessions(
     nbytes: int,
     num_buckets: int,
     keep: bool = False,
+    checksum: str | None = None,
 ) -> SyncReport:
     """One update session per replica around ``load`` (``begin_weight_update`` → ``load`` →
-    ``finish_weight_update``), the trainer hashing ``named`` meanwhile; judged by :func:`check_replies`."""
+    ``finish_weight_update``), the trainer hashing ``named`` meanwhile (unless the caller knows the ``checksum``);
+    judged by :func:`check_replies`."""
     from lightning_hybrid_rollout.rollout.weights.format import checksum_state
 
     t0 = time.perf_counter()
-    checksum_job = asyncio.ensure_future(asyncio.to_thread(checksum_state, named))
+    if checksum is None:
+        checksum_job = asyncio.ensure_future(asyncio.to_thread(checksum_state, named))
+    else:
+        checksum_job = asyncio.ensure_future(asyncio.sleep(0, checksum))
 
     async def one(r: WeightReceiver) -> Reply:
         s = time.perf_counter()

@@ -1,0 +1,1 @@
+"""Held-out validation without Lightning: scored answers, whole agentic episodes, and which one a run gets."""
