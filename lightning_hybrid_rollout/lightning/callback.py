@@ -25,12 +25,13 @@ from lightning_hybrid_rollout.lightning.trainer_side import TrainerSide
 from lightning_hybrid_rollout.models.model_path import take_model_path
 from lightning_hybrid_rollout.redaction import redact_logger_hyperparams
 from lightning_hybrid_rollout.rewards import RewardConfig
-from lightning_hybrid_rollout.run.flat_keys import fold_flat_keys, section
+from lightning_hybrid_rollout.run.flat_keys import fold_flat_keys
 from lightning_hybrid_rollout.run.hybrid_run import CycleClose, HybridRun
 from lightning_hybrid_rollout.run.placement import rank_node_ips
 from lightning_hybrid_rollout.run.workload import attach_batch_source
 from lightning_hybrid_rollout.sources import DatasetConfig
 from lightning_hybrid_rollout.training.lora import check_adapter_sync, check_lora_targets, engine_lora_config
+from lightning_hybrid_rollout.validation.attach import attach_validation
 
 
 class HybridRolloutCallback(Callback):
@@ -91,9 +92,7 @@ class HybridRolloutCallback(Callback):
         super().__init__()
         if summary_every_n_cycles < 0:
             raise ConfigError([f"summary_every_n_cycles must be >= 0 (0: never), got {summary_every_n_cycles}"])
-        reward_cfg, agentic_cfg = fold_flat_keys(
-            section(RewardConfig, rewards), section(AgenticConfig, agentic), flat_keys
-        )
+        reward_cfg, agentic_cfg = fold_flat_keys(rewards, agentic, flat_keys)
         #: The fit's rollout side and scheduler (Lightning-free; :mod:`~lightning_hybrid_rollout.run.hybrid_run`).
         self.run = HybridRun(
             rollout=rollout,
@@ -156,14 +155,11 @@ class HybridRolloutCallback(Callback):
             return
         if stage == "fit":
             self._fit = LightningFit(trainer, self._trainer_side)
-            run.run_dir = Path(root)
             if trainer.is_global_zero:
                 run.prepare_model(model_dir, Path(root), self._fit)
             trainer.strategy.barrier("lhr_model_ready")
             self._check_lora(pl_module, model_dir)
         workload = run.load_workload(model_dir, getattr(pl_module, "fit_sequence_length", None))
-        from lightning_hybrid_rollout.validation.attach import attach_validation
-
         datamodule = getattr(trainer, "datamodule", None)
         self._validation = attach_validation(
             workload, datamodule, max_new_tokens=run.rollout.response_length, during_fit=stage == "fit"
@@ -174,8 +170,7 @@ class HybridRolloutCallback(Callback):
         node_ips = rank_node_ips(trainer.world_size)  # collective: hybrid replica i goes to rank i's node
         if trainer.is_global_zero:
             rank_zero_info(f"[lhr] policy {run.async_training.dynamic_schedule_policy}: {run.describe_policy()}")
-            assert self._fit is not None
-            run.start_runtime(self._fit, self._trainer_side, node_ips, self._engine_lora)
+            run.start_runtime(self._fit, self._trainer_side, node_ips, self._engine_lora)  # type: ignore[arg-type]
 
     def _check_lora(self, pl_module: LightningModule, model_dir: str) -> None:
         """A LoRA policy's ``target_modules`` against the model, before Ray (every rank); adapter-only syncs."""

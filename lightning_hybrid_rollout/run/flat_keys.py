@@ -44,13 +44,17 @@ def section(cls: type, value: Any) -> Any:
 
 
 def fold_flat_keys(
-    rewards: RewardConfig, agentic: AgenticConfig, flat: Mapping[str, Any]
+    rewards: RewardConfig | Mapping[str, Any] | None,
+    agentic: AgenticConfig | Mapping[str, Any] | None,
+    flat: Mapping[str, Any],
 ) -> tuple[RewardConfig, AgenticConfig]:
-    """``rewards`` and ``agentic`` with the flat keys of ``flat`` set in them (a deprecation line naming each).
+    """The ``rewards`` and ``agentic`` sections (objects, mappings or None: the defaults) with the flat keys of
+    ``flat`` set in them (a deprecation line naming each).
 
     Raises:
         TypeError: A key that is neither a flat key of an earlier release nor an argument (Python's own message).
     """
+    rewards, agentic = section(RewardConfig, rewards), section(AgenticConfig, agentic)
     unknown = [k for k in flat if k not in FLAT_KEYS]
     if unknown:
         raise TypeError(f"HybridRolloutCallback() got an unexpected keyword argument {unknown[0]!r}")
