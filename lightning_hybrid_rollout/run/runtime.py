@@ -24,7 +24,7 @@ from lightning_hybrid_rollout.rollout.message_queue import MessageQueue
 from lightning_hybrid_rollout.run.decode_probe import DecodeProgressProbe
 from lightning_hybrid_rollout.run.hybrid_pool import HybridReplicaPool, NoTrainer, OverlapReport, TrainerLink
 from lightning_hybrid_rollout.run.placement import pin_trainer_process, place_replicas, plan_cpu_placement
-from lightning_hybrid_rollout.trace import TOOLS_GROUP
+from lightning_hybrid_rollout.run.tracer import RunTracer, trace_track
 
 if TYPE_CHECKING:
     from lightning_hybrid_rollout.run.workload import PromptFeed, Workload
@@ -207,23 +207,12 @@ class RolloutRuntime(RuntimeQueries):
         #: Finds failed replicas and starts their replacements (built at start).
         self.supervisor: Any = None
         self._joining: list[Any] = []  # replacements that are up, waiting for weights of the current version
-        self._trace: Any = None
-        if trace:
-            try:
-                from lightning_hybrid_rollout.trace import TraceWriter
-
-                self._trace = TraceWriter(self.run_dir / "trace.json", metadata={"run": self.run_dir.name})
-            except ImportError:  # pragma: no cover - trace module optional
-                self._trace = None
-        self._t0 = time.monotonic()
+        #: The run's trace (``trace.json``; every call a no-op with ``trace=False``).
+        self.tracer = RunTracer(self.run_dir / "trace.json" if trace else None, self.run_dir.name)
         #: Each standalone replica's generated tokens at the trainer's ``training`` boundaries (with a trace only).
         self._decode_probe: DecodeProgressProbe | None = None
-        if self._trace is not None:
-            self._decode_probe = DecodeProgressProbe(self._trace, self.loop, self._ts, self.trace_track)
-        self._states: dict[str, tuple[str, float]] = {}
-        #: Running totals for the trace (a real run's balance bound, ``run_bound``): samples and response tokens the
-        #: trainer took; per role, tokens decoded and seconds serving (the sum of the role windows taken).
-        self._totals: dict[str, float] = {}
+        if self.tracer.writer is not None:
+            self._decode_probe = DecodeProgressProbe(self.tracer.writer, self.loop, self.tracer.ts, trace_track)
 
     # ----------------------------------------------------------------------------------------------- lifecycle
 
@@ -280,7 +269,8 @@ class RolloutRuntime(RuntimeQueries):
         self.hybrid = [h for h in handles if h.role == "hybrid"]
         if self.hybrid:
             self.pool._all(lambda h: h.sleep())  # hybrid replicas start parked, outside the load balancer
-        self._describe_tracks(s_cores, h_cores, {h.replica_id: h.info.get("kv_cache_tokens") for h in handles})
+        kv_tokens = {h.replica_id: h.info.get("kv_cache_tokens") for h in handles}
+        self.tracer.describe_tracks(self.rollout.concurrent_samples_per_replica, s_cores, h_cores, kv_tokens)
         self.set_state([h.replica_id for h in self.standalone], "active")
         self.set_state([h.replica_id for h in self.hybrid], "parked")
         log.info(
@@ -297,7 +287,7 @@ class RolloutRuntime(RuntimeQueries):
         if w is None:
             raise RuntimeError("RolloutRuntime.start needs a workload (prompts, rewards, tokenizer)")
         self.prompt_feed = w.prompt_feed()
-        if w.episodes is not None and self._trace is not None:
+        if w.episodes is not None and self.tracer.writer is not None:
             w.episodes.on_span = self.trace_tool_call  # the tool/environment calls' spans: the trace's tools lanes
         self.rollouter = Rollouter(
             self.prompt_feed,
@@ -343,7 +333,7 @@ class RolloutRuntime(RuntimeQueries):
                 if self.weights is not None:
                     self.weights.close()  # the collective transport's broadcast groups
                 self.loop.close()
-                self._close_trace()
+                self.tracer.close()
 
     def check_health(self) -> None:
         """Raise the rollouter's error, if it failed."""
@@ -441,8 +431,8 @@ class RolloutRuntime(RuntimeQueries):
                 self.rollouter.add_replicas([replica])
             self.set_state([rid], "active" if self.pool.routing else "parked")
         sup.joined(replica)
-        if self._trace is not None:  # the slot's "restarting" span ends here; the counter marks the join
-            self._trace.counter("replica_restarts", self._ts(time.monotonic()), sup.restarts)
+        # the slot's "restarting" span ends here; the counter marks the join
+        self.tracer.counter("replica_restarts", time.monotonic(), sup.restarts)
 
     # ------------------------------------------------------------------------------------------------ data
 
@@ -603,33 +593,9 @@ class RolloutRuntime(RuntimeQueries):
         return OverlapReport(t0, standalone_end, woken, synced, end)
 
     # ----------------------------------------------------------------------------------------------- trace
-    # Conventions of lightning_hybrid_rollout.trace: replica/<kind>_<i> tracks named by state, trainer/trainer
-    # named by phase, queue_depth / in_flight counters, one step_metrics event per sync cycle.
+    # The trace is the tracer's (run/tracer.py); these are the names the callback, the pools and the supervisor use.
 
-    def _ts(self, t: float) -> float:
-        return max(0.0, t - self._t0)
-
-    @staticmethod
-    def trace_track(replica_id: str) -> str:
-        """``standalone-0`` -> ``replica/standalone_0``."""
-        return "replica/" + replica_id.replace("-", "_")
-
-    def _describe_tracks(
-        self, s_cores: list[list[int]], h_cores: list[list[int]], kv_tokens: dict[str, int | None] | None = None
-    ) -> None:
-        """Each replica track's kind, devices, concurrency and its engine's KV-cache capacity in tokens (what
-        ``lhr simulate --from-run`` fits ``kv_cache_tokens`` from; omitted when the engine did not report it)."""
-        if self._trace is None:
-            return
-        cap = self.rollout.concurrent_samples_per_replica  # each replica's concurrency (lhr simulate --from-run)
-        for kind, all_cores in (("standalone", s_cores), ("hybrid", h_cores)):
-            for i, cores in enumerate(all_cores):
-                kv = (kv_tokens or {}).get(f"{kind}-{i}")
-                extra = {"kv_cache_tokens": kv} if kv else {}
-                self._trace.describe_track(
-                    self.trace_track(f"{kind}-{i}"), kind=kind, devices=cores, concurrency=cap, **extra
-                )
-        self._trace.describe_track("trainer/trainer", kind="trainer", devices=sorted({c for h in h_cores for c in h}))
+    trace_track = staticmethod(trace_track)
 
     def probe_decode_progress(self) -> None:
         """Sample each standalone replica's tokens generated so far (finished and in flight) into the trace as the
@@ -641,25 +607,16 @@ class RolloutRuntime(RuntimeQueries):
 
     def set_state(self, replica_ids: Sequence[str], state: str, t: float | None = None) -> None:
         """Close each replica's current state span and open ``state`` (trace only)."""
-        if self._trace is None:
-            return
-        now = time.monotonic() if t is None else t
-        for rid in replica_ids:
-            prev = self._states.get(rid)
-            if prev is not None and prev[0] != state:
-                self._trace.span(self.trace_track(rid), prev[0], self._ts(prev[1]), self._ts(now))
-            if prev is None or prev[0] != state:
-                self._states[rid] = (state, now)
+        self.tracer.set_state(replica_ids, state, t)
 
     def trace_phase(self, phase: str, start: float, end: float, **args: Any) -> None:
         """A trainer phase span (``waiting``, ``training``, ``weight_sync``, ``switching``)."""
-        if self._trace is not None and end > start:
-            self._trace.span("trainer/trainer", phase, self._ts(start), self._ts(end), args)
+        self.tracer.phase(phase, start, end, **args)
 
     def take_samples(self, n: int, timeout: float) -> list[Any]:
         """Remove and return ``n`` samples (oldest first); counted for the trace's ``trained_*`` totals."""
         samples = super().take_samples(n, timeout)
-        self._add_totals(
+        self.tracer.add_totals(
             trained_samples=len(samples),
             trained_tokens=sum(s.response_length for s in samples),
             trained_tokens_sq=sum(s.response_length**2 for s in samples),  # the lengths' spread
@@ -670,39 +627,19 @@ class RolloutRuntime(RuntimeQueries):
     def take_role_window(self) -> Any:
         """The cycle's per-role production, starting a new window; added to the trace's per-role totals."""
         window = super().take_role_window()
-        self._add_totals(
+        self.tracer.add_totals(
             **{f"decoded_tokens.{role}": n for role, n in window.decoded_tokens.items()},
             **{f"serving_s.{role}": s for role, s in window.serving_s.items()},
         )
         return window
 
-    def _add_totals(self, **amounts: float) -> None:
-        for name, amount in amounts.items():
-            self._totals[name] = self._totals.get(name, 0.0) + float(amount)
-
     def trace_cycle(self, step: int, t: float, metrics: dict[str, float]) -> None:
         """Queue depth / in-flight counters, the running totals (``trained_*``, ``decoded_tokens.*``,
         ``serving_s.*``: :mod:`lightning_hybrid_rollout.trace`) and the cycle's ``dynamic_resource/*`` metrics."""
-        if self._trace is None:
-            return
-        self._trace.counter("queue_depth", self._ts(t), self.queue.size())
-        if self.rollouter is not None:
-            self._trace.counter("in_flight", self._ts(t), self.rollouter.in_flight)
-        for name, total in sorted(self._totals.items()):
-            self._trace.counter(name, self._ts(t), total)
-        self._trace.step_metrics(step, self._ts(t), metrics)
+        in_flight = self.rollouter.in_flight if self.rollouter is not None else None
+        self.tracer.cycle(step, t, metrics, self.queue.size(), in_flight)
 
     def trace_tool_call(self, name: str, start: float, end: float, args: Mapping[str, Any]) -> None:
         """One ended tool call or environment reset/step (``time.monotonic()`` times) on a ``tools/lane_<k>`` track
         (:meth:`~lightning_hybrid_rollout.trace.TraceWriter.lane_span`: concurrent calls get lanes of their own)."""
-        if self._trace is not None and not self._trace.closed:  # a call ending after stop() closed the trace
-            self._trace.lane_span(TOOLS_GROUP, name, self._ts(start), self._ts(max(start, end)), args)
-
-    def _close_trace(self) -> None:
-        if self._trace is None:
-            return
-        now = time.monotonic()
-        for rid, (state, since) in list(self._states.items()):
-            self._trace.span(self.trace_track(rid), state, self._ts(since), self._ts(now))
-        self._states.clear()
-        self._trace.close()
+        self.tracer.tool_call(name, start, end, args)

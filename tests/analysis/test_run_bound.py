@@ -146,8 +146,8 @@ def write_runtime_trace(run_dir: Path) -> None:
     rt.queue = SimpleNamespace(get_batch=lambda n, timeout: samples[:n], size=lambda: 0)
     windows = iter([_window((1000, 0.5), (0, 0.0)), _window((1000, 0.5), (600, 0.4))])
     rt.rollouter = SimpleNamespace(take_role_window=lambda: next(windows), in_flight=0, is_running=False)
-    rt._describe_tracks([[1]], [[0]])
-    t0 = rt._t0
+    rt.tracer.describe_tracks(rt.rollout.concurrent_samples_per_replica, [[1]], [[0]])
+    t0 = rt.tracer.t0
     try:
         rt.trace_phase("waiting", t0 + 0.0, t0 + 1.0, hybrid=False)
         assert len(rt.take_samples(8, timeout=1.0)) == 8

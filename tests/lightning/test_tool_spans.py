@@ -19,7 +19,7 @@ def test_tool_calls_land_on_the_tools_lanes_of_the_run_trace(tmp_path: Path) -> 
         now = time.monotonic()
         rt.trace_tool_call("add", now, now + 2.0, {"kind": "tool", "episode": "u0", "turn": 1, "status": "ok"})
         rt.trace_tool_call("env.step", now + 1.0, now + 1.5, {"kind": "environment", "turn": 1, "status": "timeout"})
-        rt._close_trace()
+        rt.tracer.close()
         rt.trace_tool_call("late", now, now + 1.0, {"status": "ok"})  # after stop(): dropped
     finally:
         rt.loop.close()

@@ -195,6 +195,7 @@ def test_a_replacement_that_dies_while_waiting_to_join_is_started_again_and_coun
     leaves the joining list, counts as a failed start and is launched again; the next one joins and counts."""
     from lightning_hybrid_rollout.rollout.event_loop import EventLoopThread
     from lightning_hybrid_rollout.run.runtime import RolloutRuntime
+    from lightning_hybrid_rollout.run.tracer import RunTracer
 
     started: list[FakeReplica] = []
 
@@ -204,7 +205,7 @@ def test_a_replacement_that_dies_while_waiting_to_join_is_started_again_and_coun
 
     rt = RolloutRuntime.__new__(RolloutRuntime)
     rt.loop, rt.supervisor = EventLoopThread(), ReplicaSupervisor(start, max_restarts=3)
-    rt.standalone, rt.hybrid, rt._joining, rt.rollouter, rt._trace = [], [], [], None, None
+    rt.standalone, rt.hybrid, rt._joining, rt.rollouter, rt.tracer = [], [], [], None, RunTracer(None)
     try:
         deferred = FakeReplica(Spec("s-0", generation=1))
         rt._joining.append(deferred)  # up, waiting for weights of version 3 (none at hand)
