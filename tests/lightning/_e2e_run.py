@@ -93,7 +93,7 @@ class Recorder(Callback):
         self._standalone_reports = rt.standalone_sync_reports  # likewise
         self.supervisor_events = rt.supervisor.events  # likewise
         self.decode_probe = rt._decode_probe  # its counts, read after the fit
-        self.group_filter = self.cb._workload.group_filter  # its module's records, read after the fit
+        self.group_filter = self.cb.run.workload.group_filter  # its module's records, read after the fit
         self.report["restored"] = {
             "param_version": self.cb.run.param_version,
             "cycles_done": self.cb.run.cycles_done,
@@ -129,7 +129,7 @@ class Recorder(Callback):
         deadline = time.monotonic() + timeout
         while rt.supervisor.starting or rt._joining:
             assert time.monotonic() < deadline, f"replacement not joined in {timeout} s: {rt.supervisor.events}"
-            self.cb._supervise(probe=False)
+            self.cb.run.supervise(probe=False)
             time.sleep(0.5)
 
     def _wait_replacements_up(self, timeout: float = 300.0) -> None:

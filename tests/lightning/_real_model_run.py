@@ -29,7 +29,7 @@ class Recorder(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.standalone = self.cb.runtime.standalone_sync_reports  # the runtime's own list
-        self.stops = list(self.cb._workload.stop_token_ids)
+        self.stops = list(self.cb.run.workload.stop_token_ids)
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         rt = self.cb.runtime
