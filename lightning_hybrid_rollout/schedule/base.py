@@ -49,7 +49,7 @@ class DynamicScheduleContext:
         total_generated_samples: Samples the rollouter has produced since training began (cumulative).
         expected_samples: Samples the trainer should have consumed up to the current sync step (cumulative).
         buffer_samples: Allowed buffer headroom above ``expected_samples``. The built-in policies do not read it;
-            its exact definition belongs to whoever builds the context (see ``config.py``).
+            its exact definition belongs to whoever builds the context (see ``config/async_training.py``).
         step_wait_times: Per collection of the latest cycle: seconds the trainer waited for its batch.
         step_wait_samples: Per collection of the latest cycle (parallel to ``step_wait_times``): samples that had to
             be waited for, ``max(0, required_samples - queue_size_at_collection_start)`` (backlog excluded).
