@@ -162,6 +162,13 @@ class HybridRun:
             only_hybrid=a.only_hybrid,
             **a.dynamic_schedule_policy_kwargs,
         )
+        if getattr(self.policy, "partial_lending", False):  # the runtime's pool lends all hybrid replicas or none
+            raise ConfigError(
+                [
+                    "async_training.dynamic_schedule_policy_kwargs.partial_lending: lending k of n hybrid replicas "
+                    "runs in the simulator only so far (lhr simulate); drop it for a real fit"
+                ]
+            )
         per_replica = r.gpus_per_replica if r.gpus_per_replica > 0 else r.cpus_per_replica
         #: The per-cycle core (shared with the simulator): every context field and cycle metric comes from it.
         self.ledger = CycleLedger(
@@ -321,6 +328,7 @@ class HybridRun:
             enable_rebalance=self.async_training.dynamic_schedule_enable_rebalance,
             has_hybrid=self.rollout.hybrid_replicas > 0,
             history_size=SWITCH_HISTORY_SIZE,
+            num_hybrid_replicas=self.rollout.hybrid_replicas or None,  # contexts as the simulator's
         )
 
     def start_fit(self, fit: FitPort, world_size: int) -> None:

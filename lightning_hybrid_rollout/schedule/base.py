@@ -110,8 +110,9 @@ class DynamicSchedulePolicyBase(ABC):
 
     Subclasses implement :meth:`should_deactivate`, :meth:`deactivate_wait_samples` and
     :meth:`should_activate_after_step`; :meth:`update_after_step` and :meth:`request_rebalance` are optional
-    (no-ops here). A subclass with adaptive state extends :meth:`state_dict` / :meth:`load_state_dict` so that a
-    resumed run makes the same decisions as an uninterrupted one.
+    (no-ops here), and so is :meth:`activate_replica_count` (all replicas here). A subclass with adaptive state
+    extends :meth:`state_dict` / :meth:`load_state_dict` so that a resumed run makes the same decisions as an
+    uninterrupted one.
 
     ``only_hybrid=True`` (no standalone replicas) forces ``deactivate_ratio = 1.0``.
 
@@ -175,6 +176,20 @@ class DynamicSchedulePolicyBase(ABC):
             is_hybrid_active: Whether the hybrid replicas are active now.
             ctx: The decision context.
         """
+
+    def activate_replica_count(self, global_steps: int, ctx: DynamicScheduleContext, num_hybrid_replicas: int) -> int:
+        """Right after :meth:`should_activate_after_step` said True: how many of the hybrid replicas to lend.
+
+        All of them by default (the seed's all-or-nothing). Asked only by a controller that lends subsets (built with
+        ``num_hybrid_replicas``); the answer is clamped to [1, n] and the subset stays fixed until the next
+        deactivation.
+
+        Args:
+            global_steps: The step that just synced.
+            ctx: The decision context.
+            num_hybrid_replicas: ``n``, the hybrid replicas there are.
+        """
+        return num_hybrid_replicas
 
     def update_after_step(self, global_steps: int, ctx: DynamicScheduleContext) -> None:  # noqa: B027
         """After the weight sync (and any activation): update internal state. No-op by default.

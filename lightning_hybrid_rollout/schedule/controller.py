@@ -2,7 +2,8 @@
 
 ``before_step`` and ``after_sync`` hold the per-step policy call order (design/scheduling.md §1) in one place for the
 runtime callback and the simulator; a failed pool call is rolled back or left pending for retry, never half-active.
-The state machine, the deactivation order and the failure rule are described in docs/controller.md.
+The state machine, the deactivation order and the failure rule are described in docs/controller.md; lending k of
+the n hybrid replicas (the policy's ``activate_replica_count``) in docs/policies.md, "Lending k of n".
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -36,7 +37,9 @@ class ReplicaPool(Protocol):
     """What the controller drives: the hybrid replicas, as a group (see docs/architecture.md).
 
     Every method is synchronous and its return value ignored; implementations must tolerate undoing a half-done
-    step, which rollbacks and retries rely on.
+    step, which rollbacks and retries rely on. A pool that lends k of n replicas (a controller built with
+    ``num_hybrid_replicas``) also takes ``replicas: Sequence[int]``, the indices concerned, as a keyword argument
+    of every method but ``rebalance_requests``; called without it a method concerns all hybrid replicas.
     """
 
     def wake_up_replicas(self) -> object:
@@ -126,6 +129,7 @@ class StepEndResult:
         rebalance_duration_s: Duration of ``rebalance_requests`` (0.0 if not run).
         cycle_activate_duration_s: Value written to ``ctx.last_activate_duration_s``.
         cycle_deactivate_duration_s: Value written to ``ctx.last_deactivate_duration_s``.
+        active_replicas: Hybrid replicas lent after the call (None: a controller without ``num_hybrid_replicas``).
     """
 
     global_steps: int
@@ -137,6 +141,7 @@ class StepEndResult:
     rebalance_duration_s: float
     cycle_activate_duration_s: float
     cycle_deactivate_duration_s: float
+    active_replicas: int | None = None
 
 
 class DynamicResourceController:
@@ -155,6 +160,10 @@ class DynamicResourceController:
             still consulted, in the same order).
         initial_state: The state the pool is in now.
         history_size: How many :class:`SwitchRecord` to keep in ``switch_history``.
+        num_hybrid_replicas: The hybrid replicas ``n``, for a pool that lends a subset: after
+            ``should_activate_after_step`` said True the policy's ``activate_replica_count`` sizes the lending and
+            the pool's methods get ``replicas=`` the first k indices when k < n. None (the default): the pool is
+            driven as one group, all or nothing, the policy's count is not asked.
 
     Example::
 
@@ -182,12 +191,15 @@ class DynamicResourceController:
         has_hybrid: bool = True,
         initial_state: ControllerState = ControllerState.STANDALONE_ONLY,
         history_size: int = 1024,
+        num_hybrid_replicas: int | None = None,
     ) -> None:
         initial_state = ControllerState(initial_state)
         if not has_hybrid and initial_state is ControllerState.HYBRID_ACTIVE:
             raise ValueError("initial_state=HYBRID_ACTIVE needs hybrid replicas, got has_hybrid=False")
         if history_size < 1:
             raise ValueError(f"history_size must be >= 1, got {history_size}")
+        if num_hybrid_replicas is not None and num_hybrid_replicas < 1:
+            raise ValueError(f"num_hybrid_replicas must be >= 1 or None, got {num_hybrid_replicas}")
         self._pool = pool
         self._policy = policy
         self._clock = clock
@@ -208,6 +220,12 @@ class DynamicResourceController:
         self._pending_start_s = 0.0
         self._pending_elapsed_s = 0.0
         self._last_global_steps = 0
+        self._num_hybrid = num_hybrid_replicas
+        # the subset the current lending (or its pending cleanup) concerns; None: all hybrid replicas
+        self._subset: tuple[int, ...] | None = None
+        # what the policy sizes k from: this cycle's sync_weights seconds and the replicas of its activation
+        self._cycle_sync_s = 0.0
+        self._cycle_replicas = 0
 
     # ------------------------------------------------------------------------------------------------ read-only
 
@@ -235,6 +253,50 @@ class DynamicResourceController:
     def enable_rebalance(self) -> bool:
         """Whether a real activation is followed by a rebalance."""
         return self._enable_rebalance
+
+    @property
+    def num_hybrid_replicas(self) -> int | None:
+        """The hybrid replicas ``n`` a subset is chosen from (None: all-or-nothing lending)."""
+        return self._num_hybrid
+
+    @property
+    def active_replicas(self) -> tuple[int, ...] | None:
+        """Indices of the hybrid replicas lent now (``()``: none; None: active, without ``num_hybrid_replicas``)."""
+        if not self.is_hybrid_active:
+            return ()
+        if self._subset is not None:
+            return self._subset
+        return None if self._num_hybrid is None else tuple(range(self._num_hybrid))
+
+    @property
+    def active_replica_count(self) -> int | None:
+        """How many hybrid replicas are lent now (None when unknown: active without ``num_hybrid_replicas``)."""
+        active = self.active_replicas
+        return None if active is None else len(active)
+
+    def replicas_to_activate(self, global_steps: int, ctx: DynamicScheduleContext) -> tuple[int, ...] | None:
+        """The subset an activation now would lend: the policy's ``activate_replica_count``, clamped to [1, n].
+
+        None means all (also whenever ``num_hybrid_replicas`` is None). Pure: the pool is not touched; the simulator's
+        ``overlap_sync`` asks it to prepare only the replicas the activation will lend.
+
+        Args:
+            global_steps: The step that just synced.
+            ctx: The decision context.
+        """
+        n = self._num_hybrid
+        if n is None:
+            return None
+        k = int(self._policy.activate_replica_count(global_steps, ctx, n))
+        k = min(n, max(1, k))
+        return None if k >= n else tuple(range(k))
+
+    def _call(self, method: str) -> None:
+        """One pool method, on the current subset when there is one (the seed's no-argument call otherwise)."""
+        if self._subset is None or method == "rebalance_requests":
+            getattr(self._pool, method)()
+        else:
+            getattr(self._pool, method)(replicas=self._subset)
 
     @property
     def has_hybrid(self) -> bool:
@@ -273,14 +335,15 @@ class DynamicResourceController:
 
     # ----------------------------------------------------------------------------------------------- switching
 
-    def activate(self, global_steps: int | None = None) -> float:
+    def activate(self, global_steps: int | None = None, replicas: Sequence[int] | None = None) -> float:
         """Activate the hybrid replicas: wake_up_replicas -> sync_weights -> add_replicas -> resume_generation_replicas.
 
         Finishes pending cleanup first. A no-op (returns 0.0, logs at debug) when already active or without
-        hybrid replicas.
+        hybrid replicas. The lent subset stays fixed until the next deactivation, which concerns the same replicas.
 
         Args:
             global_steps: The step to record in ``switch_history`` (default: the last one seen).
+            replicas: Indices of the hybrid replicas to lend (None: all); needs ``num_hybrid_replicas``.
 
         Returns:
             The activation's duration in clock seconds (pending cleanup excluded).
@@ -301,14 +364,19 @@ class DynamicResourceController:
             return 0.0
         if self._pending:
             self._finish_pending(step)
+        self._subset = self._checked_subset(replicas)
         start_s = self._clock()
         for method in ACTIVATE_SEQUENCE:
+            method_start_s = self._clock()
             try:
-                getattr(self._pool, method)()
+                self._call(method)
             except Exception as err:
                 self._rollback_activation(method)
                 raise ReplicaPoolError("activate", method, err) from err
+            if method == "sync_weights":
+                self._cycle_sync_s += self._clock() - method_start_s
         duration_s = self._clock() - start_s
+        self._cycle_replicas = len(self._subset) if self._subset is not None else (self._num_hybrid or 0)
         self._state = ControllerState.HYBRID_ACTIVE
         self._activate_count += 1
         self._last_activate_duration_s = duration_s
@@ -316,6 +384,17 @@ class DynamicResourceController:
         self._history.append(SwitchRecord("activate", step, start_s, duration_s))
         logger.debug("hybrid replicas activated at step %d in %.3fs", step, duration_s)
         return duration_s
+
+    def _checked_subset(self, replicas: Sequence[int] | None) -> tuple[int, ...] | None:
+        if replicas is None:
+            return None
+        n = self._num_hybrid
+        if n is None:
+            raise ValueError("activate(replicas=...) needs a controller built with num_hybrid_replicas")
+        subset = tuple(sorted({int(i) for i in replicas}))
+        if not subset or subset[0] < 0 or subset[-1] >= n:
+            raise ValueError(f"replicas must be a non-empty subset of range({n}), got {list(replicas)}")
+        return None if len(subset) == n else subset
 
     def deactivate(self, global_steps: int | None = None) -> float:
         """Deactivate the hybrid replicas: remove_replicas -> abort_replicas -> sleep_replicas (in this order).
@@ -347,7 +426,7 @@ class DynamicResourceController:
             return 0.0
         start_s = self._clock()
         try:
-            self._pool.remove_replicas()
+            self._call("remove_replicas")
         except Exception as err:  # routing not cut: still active, nothing owed
             raise ReplicaPoolError("deactivate", "remove_replicas", err) from err
         self._state = ControllerState.STANDALONE_ONLY
@@ -365,13 +444,14 @@ class DynamicResourceController:
         while self._pending:
             method = self._pending[0]
             try:
-                getattr(self._pool, method)()
+                self._call(method)
             except Exception as err:
                 self._pending_elapsed_s += self._clock() - start_s
                 raise ReplicaPoolError("deactivate", method, err) from err
             self._pending.pop(0)
         duration_s = self._pending_elapsed_s + (self._clock() - start_s)
         self._pending_elapsed_s = 0.0
+        self._subset = None  # the lent replicas are all back with the trainer
         if not self._pending_is_deactivation:
             logger.info("step %d: rollback of the failed activation completed", step)
             return duration_s
@@ -391,7 +471,7 @@ class DynamicResourceController:
             steps = list(DEACTIVATE_SEQUENCE)
         for i, method in enumerate(steps):
             try:
-                getattr(self._pool, method)()
+                self._call(method)
             except Exception as err:
                 logger.warning(
                     "rollback after activation failed at %s: %s raised %r; %s will be retried first by the next "
@@ -405,6 +485,7 @@ class DynamicResourceController:
                 self._pending_is_deactivation = False
                 self._pending_elapsed_s = 0.0
                 return
+        self._subset = None
 
     # ------------------------------------------------------------------------------------------ per-step driver
 
@@ -465,7 +546,8 @@ class DynamicResourceController:
         activate_s = rebalance_s = 0.0
         if should:
             count_before = self._activate_count
-            activate_s = self.activate(global_steps)
+            subset = None if self.is_hybrid_active else self.replicas_to_activate(global_steps, ctx)
+            activate_s = self.activate(global_steps, replicas=subset)
             activated = self._activate_count > count_before
             if activated and self._enable_rebalance:
                 self._policy.request_rebalance(global_steps, ctx)
@@ -480,6 +562,12 @@ class DynamicResourceController:
         ctx.last_activate_duration_s = cycle_activate_s
         ctx.last_deactivate_duration_s = cycle_deactivate_s
         self._cycle_activate_s = self._cycle_deactivate_s = 0.0
+        # the k-sizing measurements, for a context that carries them (RateScheduleContext)
+        if hasattr(ctx, "last_hybrid_sync_s"):
+            ctx.last_hybrid_sync_s = self._cycle_sync_s
+        if hasattr(ctx, "last_activated_replicas"):
+            ctx.last_activated_replicas = self._cycle_replicas
+        self._cycle_sync_s, self._cycle_replicas = 0.0, 0
         self._policy.update_after_step(global_steps, ctx)
         return StepEndResult(
             global_steps,
@@ -491,6 +579,7 @@ class DynamicResourceController:
             rebalance_s,
             cycle_activate_s,
             cycle_deactivate_s,
+            self.active_replica_count,
         )
 
     # ----------------------------------------------------------------------------------------------- checkpoint
@@ -517,6 +606,9 @@ class DynamicResourceController:
             "pending_start_s": self._pending_start_s,
             "pending_elapsed_s": self._pending_elapsed_s,
             "last_global_steps": self._last_global_steps,
+            "active_replicas": None if self._subset is None else list(self._subset),
+            "cycle_sync_s": self._cycle_sync_s,
+            "cycle_replicas": self._cycle_replicas,
             "policy": self._policy.state_dict(),
         }
 
@@ -539,7 +631,13 @@ class DynamicResourceController:
         pending = list(state_dict.get("pending_cleanup", []))
         if pending and pending != list(DEACTIVATE_SEQUENCE[-len(pending) :]):
             raise ValueError(f"pending_cleanup must be a suffix of {list(DEACTIVATE_SEQUENCE)}, got {pending}")
+        subset = state_dict.get("active_replicas")  # absent in a checkpoint from before k-of-n lending: all
+        if subset is not None and self._num_hybrid is None:
+            raise ValueError(f"cannot restore a lent subset {subset} into a controller without num_hybrid_replicas")
         self._policy.load_state_dict(state_dict["policy"])
+        self._subset = None if subset is None else self._checked_subset(subset)
+        self._cycle_sync_s = float(state_dict.get("cycle_sync_s", 0.0))
+        self._cycle_replicas = int(state_dict.get("cycle_replicas", 0))
         self._state = state
         self._activate_count = int(state_dict["activate_count"])
         self._deactivate_count = int(state_dict["deactivate_count"])

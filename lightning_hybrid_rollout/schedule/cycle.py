@@ -27,7 +27,7 @@ from typing import Any
 from lightning_hybrid_rollout.metrics import formulas as F
 from lightning_hybrid_rollout.schedule.rate_matched_policy import RateScheduleContext
 
-__all__ = ["CycleEnd", "CycleLedger", "ProductionByRole", "RunShape", "Totals"]
+__all__ = ["ACTIVE_HYBRID_REPLICAS", "CycleEnd", "CycleLedger", "ProductionByRole", "RunShape", "Totals"]
 
 #: Extra cycle metrics (ours, beside verl's §4 names in :mod:`lightning_hybrid_rollout.metrics.formulas`).
 DEACTIVATE_RATIO = "dynamic_resource/deactivate_ratio"
@@ -35,6 +35,8 @@ PARAM_VERSION = "dynamic_resource/param_version"
 OFFLOAD_S = "dynamic_resource/offload_s"
 ONLOAD_S = "dynamic_resource/onload_s"
 OVERLAP_SAVED_S = "dynamic_resource/overlap_saved_s"
+#: Hybrid replicas lent after the cycle's ``after_sync`` (k of n; 0 when none is active).
+ACTIVE_HYBRID_REPLICAS = "dynamic_resource/active_hybrid_replicas"
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,8 @@ class CycleEnd:
         onload_s: Its last onload (seconds).
         overlap_saved_s: Seconds ``overlap_sync`` saved this cycle (None: the option is off, not emitted).
         hybrid_active: Whether hybrid replicas are active after the cycle's ``after_sync``.
+        active_hybrid_replicas: How many are lent then (``StepEndResult.active_replicas``; None: all of
+            ``RunShape.num_hybrid_replicas`` when ``hybrid_active``, else 0).
     """
 
     rollout_history: Sequence[Sequence[float]] = ()
@@ -137,6 +141,7 @@ class CycleEnd:
     onload_s: float = 0.0
     overlap_saved_s: float | None = None
     hybrid_active: bool = False
+    active_hybrid_replicas: int | None = None
 
 
 @dataclass
@@ -282,6 +287,10 @@ class CycleLedger:
         out[F.HYBRID_SYNC_SKIPPED] = float(self._skipped)
         out[F.HYBRID_SYNC_SKIPPED_TOTAL] = float(self.hybrid_sync_skipped_total)
         out[F.HYBRID_ACTIVE] = float(end.hybrid_active)
+        active = end.active_hybrid_replicas
+        if active is None:  # an all-or-nothing caller: every hybrid replica or none
+            active = s.num_hybrid_replicas if end.hybrid_active else 0
+        out[ACTIVE_HYBRID_REPLICAS] = float(active)
         if end.deactivate_ratio is not None:
             out[DEACTIVATE_RATIO] = float(end.deactivate_ratio)
         out[PARAM_VERSION] = float(end.param_version)

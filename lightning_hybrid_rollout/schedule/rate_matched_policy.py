@@ -23,7 +23,7 @@ from lightning_hybrid_rollout.schedule.default_policy import DefaultDynamicSched
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CycleForecast", "RateMatchedDynamicSchedulePolicy", "RateScheduleContext"]
+__all__ = ["CycleForecast", "RateMatchedDynamicSchedulePolicy", "RateScheduleContext", "lending_size"]
 
 
 @dataclass
@@ -49,6 +49,9 @@ class RateScheduleContext(DynamicScheduleContext):
         deactivate_wait_samples: Samples that reached the queue during that wait.
         num_standalone_replicas: Standalone replicas (0 = unknown).
         num_hybrid_replicas: Hybrid replicas (0 = unknown).
+        last_hybrid_sync_s: Seconds of the cycle's ``sync_weights`` calls (written by the controller at
+            ``after_sync``, before ``update_after_step``; 0 when it synced nothing, e.g. prepared by ``overlap_sync``).
+        last_activated_replicas: Hybrid replicas the cycle's activation lent (written by the controller; 0: none).
 
     Example::
 
@@ -69,6 +72,8 @@ class RateScheduleContext(DynamicScheduleContext):
     deactivate_wait_samples: int = 0
     num_standalone_replicas: int = 0
     num_hybrid_replicas: int = 0
+    last_hybrid_sync_s: float = 0.0
+    last_activated_replicas: int = 0
 
 
 @dataclass(frozen=True)
@@ -187,6 +192,8 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
         gate_margin_fraction: Share of the predicted idle wait by which hybrid help must beat it before the gate
             activates (a margin that scales from seconds-long CPU cycles to hour-long cluster cycles), in [0, 1).
         min_deactivate_ratio: As for ``default`` (bounds the mirrored ``deactivate_ratio``).
+        partial_lending: Lend k of the n hybrid replicas (:meth:`activate_replica_count`), k sized from the
+            forecast shortfall and the measured per-replica sync cost; False (the default): all or nothing.
 
     Example::
 
@@ -211,8 +218,10 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
         gate_margin_s: float = 0.0,
         gate_margin_fraction: float = 0.1,
         min_deactivate_ratio: float = 0.05,
+        partial_lending: bool = False,
     ) -> None:
         super().__init__(deactivate_ratio, only_hybrid, min_deactivate_ratio=min_deactivate_ratio)
+        self.partial_lending = bool(partial_lending)
         if not 0.0 < smoothing <= 1.0 or not 0.0 <= trend_smoothing <= 1.0:
             raise ValueError(
                 f"smoothing must be in (0, 1] and trend_smoothing in [0, 1], got {smoothing}, {trend_smoothing}"
@@ -238,6 +247,10 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
         self._deficit = _Holt(smoothing, trend_smoothing)  # samples a cycle consumes beyond what standalone adds
         self._wait_s_per_sample: float | None = None  # marginal seconds per missing sample, hybrid asleep
         self._hybrid_wait_s_per_sample: float | None = None  # seconds per sample while waiting with hybrid help
+        # per lent replica, seconds of its weight sync (the sync is taken to scale with the replicas synced)
+        self._sync_s_per_replica: float | None = None
+        # hybrid replicas lent during the window the next context measures (0: all, or unknown)
+        self._window_replicas = 0
 
     # ------------------------------------------------------------------------------------------------ helpers
 
@@ -282,6 +295,7 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
             # a short hybrid window (ramping up) says little: weigh it by its share of the cycle's serving time
             weight = ctx.hybrid_serving_s / max(ctx.standalone_serving_s, ctx.hybrid_serving_s)
             ratio = ctx.hybrid_decoded_tokens / ctx.hybrid_serving_s / est["standalone_tok_s"]
+            ratio *= self._lent_scale(ctx)  # k of n served: the estimates are kept for all n
             est["hybrid_ratio"] = self._ema(self._hybrid_ratio, ratio, weight)
         if ctx.cycle_train_compute_s > 0 and ctx.cycle_trained_tokens > 0:
             est["train_s_per_tok"] = self._ema(
@@ -300,10 +314,17 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
             est["wait_s_per_sample"] = self._ema(self._wait_s_per_sample, wait_s / wait_n)
         est["hybrid_wait_s_per_sample"] = self._hybrid_wait_s_per_sample
         if ctx.deactivate_wait_s > 0 and ctx.deactivate_wait_samples >= ctx.required_samples:
-            est["hybrid_wait_s_per_sample"] = self._ema(
-                self._hybrid_wait_s_per_sample, ctx.deactivate_wait_s / ctx.deactivate_wait_samples
-            )
+            per_sample = ctx.deactivate_wait_s / ctx.deactivate_wait_samples
+            scale, ratio = self._lent_scale(ctx), est["hybrid_ratio"]
+            if scale > 1.0 and ratio:  # waited with k of n lent: the all-n wait per sample is shorter
+                per_sample *= (1.0 + ratio / scale) / (1.0 + ratio)
+            est["hybrid_wait_s_per_sample"] = self._ema(self._hybrid_wait_s_per_sample, per_sample)
         return est
+
+    def _lent_scale(self, ctx: RateScheduleContext) -> float:
+        """``n / k`` for a window in which k of the n hybrid replicas served (1.0: all, or unknown)."""
+        n, k = ctx.num_hybrid_replicas, self._window_replicas
+        return n / k if 0 < k < n else 1.0
 
     def _switch_s(self) -> tuple[float, float]:
         # An untried switch is priced as free: no fixed prior fits every scale, and the first activation measures it.
@@ -431,6 +452,35 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
         logger.debug("rate_matched step=%d forecast %s", global_steps, fc)
         return fc.activate
 
+    def activate_replica_count(self, global_steps: int, ctx: DynamicScheduleContext, num_hybrid_replicas: int) -> int:
+        """With ``partial_lending``: the k that minimises the predicted per-replica sync plus the wait; else all.
+
+        ``cost(k) = k × sync_s_per_replica + W × s(k)``, where ``W`` is the shortfall the wait must cover (the
+        forecast threshold minus the queue and what standalone replicas add during the activation) and ``s(k)`` the
+        seconds per waited sample with k lent, ``idle_s × ps / (ps + k × ph / n)`` (:meth:`forecast`'s rates).
+        All n until a sync was measured; ties go to the larger k.
+
+        Args:
+            global_steps: The step that just synced.
+            ctx: The decision context (a :class:`RateScheduleContext`; a plain one lends all).
+            num_hybrid_replicas: ``n``.
+        """
+        n = num_hybrid_replicas
+        if not self.partial_lending or self.only_hybrid or n <= 1 or self._sync_s_per_replica is None:
+            return n
+        fc = self.forecast(ctx)
+        if fc is None or not self._rich(ctx):
+            return n
+        assert isinstance(ctx, RateScheduleContext)
+        act, _ = self._switch_s()
+        ps, ph = fc.standalone_rate, max(0.0, fc.total_rate - fc.standalone_rate)
+        shortfall = max(0.0, fc.threshold - ctx.queue_size - ps * act)
+        k = lending_size(n, shortfall, ps, ph / n, self._sync_s_per_replica, self._estimates(ctx)["wait_s_per_sample"])
+        logger.debug(
+            "rate_matched step=%d: lend %d of %d hybrid replicas (shortfall %.0f)", global_steps, k, n, shortfall
+        )
+        return k
+
     def update_after_step(self, global_steps: int, ctx: DynamicScheduleContext) -> None:
         """Fold the cycle's rates, switch durations and hindsight need into the forecasts.
 
@@ -460,6 +510,12 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
         if ctx.last_deactivate_duration_s > 0:
             deact = ctx.last_deactivate_duration_s
             self._deactivate_s = deact if self._deactivate_s is None else (1 - a) * self._deactivate_s + a * deact
+        if ctx.last_hybrid_sync_s > 0 and ctx.last_activated_replicas > 0:
+            per = ctx.last_hybrid_sync_s / ctx.last_activated_replicas
+            self._sync_s_per_replica = (
+                per if self._sync_s_per_replica is None else (1 - a) * self._sync_s_per_replica + a * per
+            )
+        self._window_replicas = ctx.last_activated_replicas  # who serves in the window the next context measures
         overhead_s = ctx.last_activate_duration_s + ctx.last_deactivate_duration_s
         if overhead_s > 0:
             self._switch_overheads_s.append(float(overhead_s))
@@ -498,6 +554,8 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
                 "deactivate_s": self._deactivate_s,
                 "wait_s_per_sample": self._wait_s_per_sample,
                 "hybrid_wait_s_per_sample": self._hybrid_wait_s_per_sample,
+                "sync_s_per_replica": self._sync_s_per_replica,
+                "window_replicas": self._window_replicas,
             }
         )
         return state
@@ -520,7 +578,40 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
             "deactivate_s",
             "wait_s_per_sample",
             "hybrid_wait_s_per_sample",
+            "sync_s_per_replica",
         ):
             if key in state_dict:
                 value = state_dict[key]
                 setattr(self, f"_{key}", None if value is None else finite_state_value(value, key))
+        self._window_replicas = int(state_dict.get("window_replicas", 0))
+
+
+def lending_size(
+    n: int,
+    shortfall: float,
+    standalone_rate: float,
+    hybrid_rate_per_replica: float,
+    sync_s_per_replica: float,
+    idle_s_per_sample: float | None = None,
+) -> int:
+    """The k in [1, n] that minimises ``k × sync_s_per_replica + shortfall × s(k)`` (ties: the larger k).
+
+    ``s(k) = idle_s × ps / (ps + k × ph1)`` seconds per sample waited for with k replicas lent, ``idle_s`` the
+    measured seconds per sample with none (default ``1 / ps``).
+
+    Example::
+
+        assert lending_size(4, 0.0, 1.0, 1.0, 5.0) == 1  # nothing to wait for: one replica is the cheapest
+        assert lending_size(4, 1000.0, 1.0, 1.0, 5.0) == 4  # a long wait: every replica helps
+    """
+    if n <= 1 or standalone_rate <= 0:
+        return max(1, n)
+    idle_s = max(idle_s_per_sample or 0.0, 1.0 / standalone_rate)
+    best_k, best = n, math.inf
+    for k in range(n, 0, -1):
+        cost = k * sync_s_per_replica + shortfall * idle_s * standalone_rate / (
+            standalone_rate + k * hybrid_rate_per_replica
+        )
+        if cost < best - 1e-9:
+            best_k, best = k, cost
+    return best_k

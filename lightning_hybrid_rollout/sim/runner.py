@@ -98,6 +98,7 @@ class _Run:
                 clock=lambda: self.world.now,
                 enable_rebalance=run.enable_rebalance,
                 has_hybrid=True,
+                num_hybrid_replicas=len(self.world.hybrid) or None,
             )
         #: The per-cycle core the runtime callback uses too: contexts and cycle metrics come only from it.
         self.ledger = CycleLedger(
@@ -213,13 +214,17 @@ class _Run:
         ctx = self._context(w.peek_window())
         if not self.controller.policy.should_activate_after_step(step, self.controller.is_hybrid_active, ctx):
             return self._standalone_sync()
+        # only the replicas the activation will lend (k of n); the controller asks the policy the same question
+        subset = self.controller.replicas_to_activate(step, ctx)
+        chosen = w.hybrid if subset is None else [w.hybrid[i] for i in subset]
         costs = self.sc.costs
+        hybrid_sync_s = self.pool.sync_s(chosen, version=step)
         t0 = w.now
-        w.set_state(w.hybrid, "switching", serving=False, routable=False)
+        w.set_state(chosen, "switching", serving=False, routable=False)
         s_end = t0 + (costs.standalone_sync_s if w.standalone else 0.0)
         s_pause = s_end - (self._standalone_pause_s() if w.standalone else 0.0)
         wake_end = t0 + costs.wake_s
-        sync_end = wake_end + costs.hybrid_sync_s
+        sync_end = wake_end + hybrid_sync_s
         events = [(s_pause, 0, "pause"), (s_end, 1, "standalone"), (wake_end, 2, "wake"), (sync_end, 3, "hybrid_sync")]
         for t, _, what in sorted(events):
             w.advance_to(t)
@@ -228,16 +233,16 @@ class _Run:
             elif what == "standalone" and w.standalone:
                 w.set_state(w.standalone, "active", serving=True)
             elif what == "wake":
-                for r in w.hybrid:
+                for r in chosen:
                     r.awake = True
-                w.set_state(w.hybrid, "syncing", serving=False, routable=False)
+                w.set_state(chosen, "syncing", serving=False, routable=False)
             elif what == "hybrid_sync":
-                self.pool.synced_version = step
-                w.set_state(w.hybrid, "parked", serving=False, routable=False)
+                self.pool.mark_synced(chosen, version=step)
+                w.set_state(chosen, "parked", serving=False, routable=False)
         sync_s = s_end - t0
         self._overlap_hybrid_synced = True
-        self._overlap_hybrid_sync_s = costs.hybrid_sync_s
-        self._overlap_saved_s = max(0.0, sync_s + costs.wake_s + costs.hybrid_sync_s - (w.now - t0))
+        self._overlap_hybrid_sync_s = hybrid_sync_s
+        self._overlap_saved_s = max(0.0, sync_s + costs.wake_s + hybrid_sync_s - (w.now - t0))
         self.breakdown["weight_sync_standalone"] += sync_s
         self.breakdown["hybrid_switching"] += (w.now - t0) - sync_s
         if self.trace is not None:
@@ -286,8 +291,10 @@ class _Run:
         self._cycle_hybrid_sync_s += self.breakdown["weight_sync_hybrid"] - hybrid_sync0
         self._cycle_activation_s = w.now - t0
         synced = self._overlap_hybrid_synced
-        if not end.activated and not self.controller.is_hybrid_active and any(r.awake for r in w.hybrid):
-            self.pool.sleep_replicas()  # overlap_wake woke them but the policy changed its mind
+        lent = set(self.controller.active_replicas or range(len(w.hybrid)) if self.controller.is_hybrid_active else ())
+        idle_awake = [r.index for r in w.hybrid if r.awake and r.index not in lent]
+        if idle_awake:  # overlap_sync woke them but the policy changed its mind (or lent fewer)
+            self.pool.sleep_replicas(replicas=idle_awake)
         self.ledger.record_sync_decision(self.controller.is_hybrid_active, synced)
         return end
 
@@ -386,6 +393,7 @@ class _Run:
                 param_version=step,
                 overlap_saved_s=self._overlap_saved_s if self.run.sequencing == "overlap_sync" else None,
                 hybrid_active=bool(c is not None and c.is_hybrid_active),
+                active_hybrid_replicas=c.active_replica_count if c is not None else None,
             )
         )
         busy, cap = M.rollout_utilization_terms(history)

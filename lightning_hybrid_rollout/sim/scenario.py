@@ -29,6 +29,7 @@ from typing import Any
 from lightning_hybrid_rollout.config import AsyncTrainingConfig, ConfigError, DerivedCounts
 from lightning_hybrid_rollout.did_you_mean import did_you_mean
 from lightning_hybrid_rollout.errors import ScenarioError as ScenarioError  # re-exported
+from lightning_hybrid_rollout.sim.lending import LendingModel
 
 __all__ = [
     "RUN_KEYS",
@@ -98,10 +99,9 @@ class LengthModel:
 
     ``mean(version) = mean_tokens × (1 + drift_per_step × version) × schedule(version)``, where ``schedule`` linearly
     interpolates the ``mean_schedule`` points ``[[version, factor], ...]`` (1.0 when empty; held constant outside
-    the points); a length is
-    ``clip(round(mean(version) × exp(sigma·z − sigma²/2)), min_tokens, max_tokens)`` with ``z`` standard normal (so
-    the unclipped mean is ``mean(version)``). The ``z`` of the i-th admitted sample is the same in every run of a
-    scenario (common random numbers), so runs differ by their schedule, not by luck.
+    the points); a length is ``clip(round(mean(version) × exp(sigma·z − sigma²/2)), min_tokens, max_tokens)`` with
+    ``z`` standard normal (so the unclipped mean is ``mean(version)``). The ``z`` of the i-th admitted sample is the
+    same in every run of a scenario (common random numbers), so runs differ by their schedule, not by luck.
 
     Args:
         mean_tokens: Mean decode length at version 0.
@@ -414,10 +414,9 @@ class RunSpec:
     Everything else a run's schedule depends on is the scenario's ``async_training``
     (:class:`~lightning_hybrid_rollout.config.AsyncTrainingConfig`): a run names only what it changes, by the
     config's own keys (:data:`RUN_KEYS`), and :attr:`config` is the result (the config a real run of this split
-    would train with). The attributes the simulator reads (:attr:`policy`, :attr:`policy_kwargs`,
-    :attr:`enable_rebalance`, :attr:`sequencing`, :attr:`early_first_sync`, :attr:`staged_standalone_sync`) are
-    read-only views of it. A run takes the scenario's config when a :class:`Scenario` holds it (a loose ``RunSpec``
-    resolves against the config's defaults).
+    would train with). The attributes the simulator reads (:attr:`policy`, :attr:`policy_kwargs`, :attr:`sequencing`,
+    :attr:`enable_rebalance`, :attr:`early_first_sync`, :attr:`staged_standalone_sync`) are read-only views of it. A
+    run takes the scenario's config when a :class:`Scenario` holds it (a loose one resolves against the defaults).
 
     How the simulator models the keys a run may set:
 
@@ -543,8 +542,7 @@ class RunSpec:
 
     @property
     def sequencing(self) -> str:
-        """``"overlap_sync"`` with ``async_training.overlap_sync``, else ``"sequential"`` (one of
-        :data:`SEQUENCINGS`)."""
+        """``"overlap_sync"`` with ``async_training.overlap_sync``, else ``"sequential"`` (:data:`SEQUENCINGS`)."""
         return "overlap_sync" if self.config.overlap_sync else "sequential"
 
     @property
@@ -595,6 +593,7 @@ class Scenario:
         switch: :class:`SwitchCosts` (full-weight costs; :attr:`costs` is what the runs pay).
         agentic: :class:`AgenticModel` (multi-turn episodes with tool calls; default: single-turn samples).
         lora: :class:`LoraModel` (adapter-only sync; default: off).
+        lending: :class:`~lightning_hybrid_rollout.sim.lending.LendingModel` (per-replica and delta sync costs).
         runs: The runs.
     """
 
@@ -612,6 +611,7 @@ class Scenario:
     switch: SwitchCosts = field(default_factory=SwitchCosts)
     agentic: AgenticModel = field(default_factory=AgenticModel)
     lora: LoraModel = field(default_factory=LoraModel)
+    lending: LendingModel = field(default_factory=LendingModel)
     runs: list[RunSpec] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -634,6 +634,7 @@ class Scenario:
         self.switch = _from_mapping(SwitchCosts, self.switch, "switch")
         self.agentic = _from_mapping(AgenticModel, self.agentic, "agentic")
         self.lora = _from_mapping(LoraModel, self.lora, "lora")
+        self.lending = _from_mapping(LendingModel, self.lending, "lending")
         runs = []
         for i, r in enumerate(self.runs):
             run = r if isinstance(r, RunSpec) else _run_from_mapping(r, i)
@@ -707,8 +708,8 @@ class Scenario:
 
     @property
     def costs(self) -> SwitchCosts:
-        """The switch and sync seconds the runs pay: :attr:`switch`, scaled by :attr:`lora` when it is enabled."""
-        return self.lora.apply(self.switch)
+        """The switch and sync seconds the runs pay: :attr:`switch`, scaled by :attr:`lora` and :attr:`lending`."""
+        return self.lending.apply(self.lora.apply(self.switch))
 
     @property
     def multi_turn(self) -> bool:
@@ -717,8 +718,7 @@ class Scenario:
 
     def context_at(self, version: float) -> float:
         """Average context (tokens) of an in-flight turn at ``version``: :meth:`LengthModel.context_at`, plus, for
-        multi-turn episodes, the earlier turns and tool results of an average turn (``(mean_turns − 1) / 2`` of
-        each)."""
+        multi-turn episodes, the earlier turns and tool results of an average turn (``(mean_turns − 1) / 2`` each)."""
         context = self.lengths.context_at(version)
         if self.multi_turn:
             earlier = 0.5 * (self.agentic.mean_turns - 1.0)

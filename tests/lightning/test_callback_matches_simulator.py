@@ -247,7 +247,12 @@ def _replay(
     cb.run.clock = clock
     cb.run.runtime = rt
     cb.run.controller = DynamicResourceController(
-        rt.pool, cb.policy, clock=clock, enable_rebalance=run.enable_rebalance, has_hybrid=True
+        rt.pool,
+        cb.policy,
+        clock=clock,
+        enable_rebalance=run.enable_rebalance,
+        has_hybrid=True,
+        num_hybrid_replicas=cb.run.rollout.hybrid_replicas,  # as HybridRun.build_controller
     )
     # device counts: the simulator's (a replica of the seed scenario spans several devices); a = the trainer's
     spy = _SpyLedger(dataclasses.replace(sim_shape, hybrid_devices=0))

@@ -139,3 +139,23 @@ def test_the_clock_a_test_gives_reaches_the_step_times() -> None:
     run.step.start_training()
     assert run.step.start == 101.5
     assert time.monotonic() != 101.5
+
+
+def test_partial_lending_is_refused_for_a_real_run_before_anything_starts() -> None:
+    import pytest
+
+    from lightning_hybrid_rollout.config import ConfigError
+
+    a = AsyncTrainingConfig(
+        dynamic_schedule_policy="rate_matched", dynamic_schedule_policy_kwargs={"partial_lending": True}
+    )
+    with pytest.raises(ConfigError, match="partial_lending: lending k of n hybrid replicas runs in the simulator"):
+        HybridRun(
+            RolloutConfig(model_path="m", hybrid_replicas=2),
+            a,
+            dataset=None,
+            task="arithmetic",
+            task_kwargs={},
+            rewards=RewardConfig(),
+            agentic=AgenticConfig(),
+        )
