@@ -467,12 +467,7 @@ def combine_reports(reports: Sequence[SyncReport], num_replicas: int) -> SyncRep
         encode_seconds=max(r.encode_seconds for r in reports),
     )
     for r in reports:
-        out.per_replica_seconds.update(r.per_replica_seconds)
-        out.replica_checksums.update(r.replica_checksums)
-        out.per_replica_transport.update(r.per_replica_transport)
-        out.per_replica_commit_seconds.update(r.per_replica_commit_seconds)
-        out.per_replica_encoding.update(r.per_replica_encoding)
-        out.repaired += [x for x in r.repaired if x not in out.repaired]
+        out.take_replicas_of(r)
     out.encoding = "+".join(sorted(set(out.per_replica_encoding.values()))) or first.encoding
     return out
 

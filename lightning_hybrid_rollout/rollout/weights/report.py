@@ -75,6 +75,16 @@ class SyncReport:
     encode_seconds: float = 0.0
     repaired: list[str] = field(default_factory=list)
 
+    def take_replicas_of(self, other: SyncReport) -> None:
+        """Add ``other``'s per-replica entries (seconds, checksums, transport, commit, encoding, repaired) to
+        these: the one merge of two pushes' replicas, whatever their totals mean."""
+        self.per_replica_seconds.update(other.per_replica_seconds)
+        self.replica_checksums.update(other.replica_checksums)
+        self.per_replica_transport.update(other.per_replica_transport)
+        self.per_replica_commit_seconds.update(other.per_replica_commit_seconds)
+        self.per_replica_encoding.update(other.per_replica_encoding)
+        self.repaired += [x for x in other.repaired if x not in self.repaired]
+
     @property
     def gb_per_s(self) -> float:
         """Delivered bandwidth: ``bytes * num_replicas / seconds`` (GB = 1e9 bytes)."""

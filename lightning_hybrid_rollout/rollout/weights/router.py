@@ -38,12 +38,7 @@ def merge_reports(reports: Sequence[SyncReport]) -> SyncReport:
         encode_seconds=max(r.encode_seconds for r in reports),
     )
     for r in reports:
-        out.per_replica_seconds.update(r.per_replica_seconds)
-        out.replica_checksums.update(r.replica_checksums)
-        out.per_replica_transport.update(r.per_replica_transport)
-        out.per_replica_commit_seconds.update(r.per_replica_commit_seconds)
-        out.per_replica_encoding.update(r.per_replica_encoding)
-        out.repaired += r.repaired
+        out.take_replicas_of(r)
     out.encoding = "+".join(sorted({e for r in reports for e in r.encoding.split("+")}))
     return out
 
