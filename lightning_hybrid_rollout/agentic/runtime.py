@@ -16,9 +16,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from lightning_hybrid_rollout.agentic.config import DEFAULT_MAX_EPISODE_TOKENS, AgenticConfig
 from lightning_hybrid_rollout.agentic.environments import (
     EnvironmentFactory,
     EpisodeEnvironment,
@@ -27,7 +28,7 @@ from lightning_hybrid_rollout.agentic.environments import (
     load_environment,
 )
 from lightning_hybrid_rollout.agentic.episode import PLAIN_CHAT_TEMPLATE, Episode, EpisodeBudget
-from lightning_hybrid_rollout.agentic.tool_parsers import DEFAULT_TOOL_PARSER, create_tool_parser
+from lightning_hybrid_rollout.agentic.tool_parsers import create_tool_parser
 from lightning_hybrid_rollout.agentic.tools import (
     ToolResult,
     ToolRunner,
@@ -39,61 +40,12 @@ from lightning_hybrid_rollout.errors import AgentEnvironmentError, ConfigError
 
 __all__ = ["DEFAULT_MAX_EPISODE_TOKENS", "AgenticConfig", "EpisodeDriver", "EpisodeWindow", "SpanRecorder"]
 
-#: An episode's token budget when neither ``max_episode_tokens`` nor ``rollout.max_model_len`` is set.
-DEFAULT_MAX_EPISODE_TOKENS = 4096
-
 logger = logging.getLogger(__name__)
 
 #: ``(name, start, end, args)`` of one ended tool call or environment call: ``time.monotonic()`` seconds, and
 #: ``args`` with ``kind`` (``tool``/``environment``), ``episode``, ``turn``, ``status`` (``ok``/``error``/``timeout``)
 #: and, on an error, ``error`` (its kind or text).
 SpanRecorder = Callable[[str, float, float, Mapping[str, Any]], None]
-
-
-@dataclass(frozen=True)
-class AgenticConfig:
-    """The ``agentic`` section of the callback: multi-turn episodes (tools, an environment, their budgets)."""
-
-    tools: tuple[str, ...] = ()
-    """Tools by import path (``"my_tools.py:add"``): typed functions with a Google-style docstring."""
-    environment: str | None = None
-    """An environment class or factory by import path, one instance per episode (TRL's or Gymnasium's convention)."""
-    environment_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    """Keyword arguments of the environment's constructor (or factory)."""
-    tool_parser: str = DEFAULT_TOOL_PARSER
-    """The tool-call parser's registered name (``register_tool_parser``)."""
-    max_turns: int = 8
-    """The most model turns of one episode."""
-    max_episode_tokens: int | None = None
-    """The most tokens of one episode's trained sequence, prompt included. ``None``: the engines'
-    ``rollout.max_model_len`` (or, with that left out too, ``DEFAULT_MAX_EPISODE_TOKENS``, which the engines then
-    take as theirs); see ``fit_episode_budget``."""
-    tool_timeout_s: float = 30.0
-    """The most seconds one tool call or environment call may take (past it the model reads an error)."""
-    tool_workers: int = 16
-    """Threads running sync tools and environment calls, shared by every episode of the run."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "tools", tuple(self.tools))
-        object.__setattr__(self, "environment_kwargs", dict(self.environment_kwargs or {}))
-        problems = []
-        for key in ("max_turns", "max_episode_tokens", "tool_workers"):
-            value = getattr(self, key)
-            if key == "max_episode_tokens" and value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                problems.append(f"{key} must be an integer >= 1, got {value!r}")
-        if not (isinstance(self.tool_timeout_s, int | float) and self.tool_timeout_s > 0):
-            problems.append(f"tool_timeout_s must be > 0, got {self.tool_timeout_s!r}")
-        if self.environment_kwargs and not self.environment:
-            problems.append("environment_kwargs is set but environment is not; name the environment")
-        if problems:
-            raise ConfigError(problems)
-
-    @property
-    def enabled(self) -> bool:
-        """True when samples are multi-turn episodes (a tool or an environment is configured)."""
-        return bool(self.tools or self.environment)
 
 
 @dataclass

@@ -3,15 +3,11 @@ for the sample counts the queue bound, the staleness budget and the policies sha
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from lightning_hybrid_rollout.config.base import (
-    Checker,
-    ConfigBase,
-    available_policy_names,
-    policy_kwargs_problems,
-)
+from lightning_hybrid_rollout.config.base import ConfigBase, available_policy_names, policy_kwargs_problems
+from lightning_hybrid_rollout.config.fields import boolean, choice, custom, integer, real
 
 # --------------------------------------------------------------------------------------------------------------
 # async_training
@@ -79,130 +75,97 @@ class AsyncTrainingConfig(ConfigBase):
 
     # --- Parameters that control dynamic resource scheduling (design/scheduling.md §2, "Core Parameters")
 
-    use_dynamic_resource_scheduling: bool = True
+    use_dynamic_resource_scheduling: bool = boolean(True)
     """Lend hybrid replicas (on the trainer's devices) to rollout while the trainer waits. False = plain
     fully-async: standalone replicas only (then ``rollout.hybrid_replicas`` must be 0)."""
 
-    dynamic_schedule_policy: str = "default"
+    dynamic_schedule_policy: str = choice(
+        "default",
+        available_policy_names,
+        fix="Use a built-in policy or import the module that registers yours with @register_policy first.",
+    )
     """Registered name of the policy deciding when hybrid replicas activate/deactivate: ``default``,
     ``static_fully_async`` (never lend), ``fixed_ratio``, ``rate_matched``, ``hysteresis_ratio`` or your own
     (docs/policies.md)."""
 
-    dynamic_schedule_deactivate_ratio: float = 0.3
+    dynamic_schedule_deactivate_ratio: float = real(
+        0.3,
+        above=0.0,
+        at_most=1.0,
+        fix="Use a fraction such as 0.3 (verl's default); 1.0 waits for the whole cycle's samples.",
+    )
     """Initial deactivate ratio, in (0, 1]: hybrid replicas are deactivated once
     ``int(ratio * step_required_samples)`` samples are buffered. The ``default`` policy adapts it each step;
     ``only_hybrid`` forces 1.0."""
 
-    dynamic_schedule_policy_kwargs: dict[str, Any] = field(default_factory=dict)
+    dynamic_schedule_policy_kwargs: dict[str, Any] = custom(
+        default_factory=dict,
+        requirement="a mapping of the policy's constructor arguments",
+        check=lambda cfg, key, kwargs: [
+            f"{key} {p}" for p in policy_kwargs_problems(cfg.dynamic_schedule_policy, kwargs)
+        ],
+    )
     """Extra constructor arguments of the policy, e.g. ``{gate_margin_fraction: 0.2}`` for ``rate_matched``; checked
     against its signature. ``deactivate_ratio`` and ``only_hybrid`` have their own keys."""
 
-    dynamic_schedule_enable_rebalance: bool = True
+    dynamic_schedule_enable_rebalance: bool = boolean(True)
     """After activating hybrid replicas, clear the load balancer's sticky cache and abort + resume in-flight requests
     so least-loaded routing moves load onto the newly active (empty) replicas."""
 
-    overlap_sync: bool = False
+    overlap_sync: bool = boolean(False)
     """Decide the activation *before* the standalone weight sync and, if it will activate, wake and sync the hybrid
     replicas concurrently with it. False = verl's order: standalone sync, then decide."""
 
-    early_first_sync: bool = False
+    early_first_sync: bool = boolean(False)
     """Also sync weights after the *first* optimizer step (a one-step first cycle), so the policy's first decision
     comes after one measured step instead of a whole cycle."""
 
-    staged_standalone_sync: bool = False
+    staged_standalone_sync: bool = boolean(False)
     """Standalone weight sync in two phases: the buckets reach the replicas while they keep generating (stage), then
     each pauses once to load them (commit), so generation stops for the commit only. Costs one staged copy of the
     weights per node (CPU) or per engine (GPU) during the sync."""
 
-    standalone_sync_mode: Literal["abort", "keep"] = "abort"
+    standalone_sync_mode: Literal["abort", "keep"] = choice("abort", ("abort", "keep"), fix="Use abort or keep.")
     """What a standalone weight sync does with in-flight requests: ``abort`` (verl's: they continue from their
     prefix, re-prefilled) or ``keep`` (frozen, and continued after the load in the same engine request, their KV
     recomputed by the new weights; the tokens after it are a new segment of the new version)."""
 
     # --- Parameters of fully-async training used by dynamic scheduling (design/scheduling.md §2)
 
-    staleness_threshold: float = 0.1
+    staleness_threshold: float = real(
+        0.1, at_least=0.0, fix="Use 0 for no off-policy samples, or a small fraction such as 0.1 (verl's default)."
+    )
     """Fraction of extra samples the rollouter may generate ahead of the trainer, under older weights. Sets
     ``max_required_samples`` (the queue bound) and ``buffer_samples``. 0 = no sample outlives one param version."""
 
-    trigger_parameter_sync_step: int = 4
+    trigger_parameter_sync_step: int = integer(
+        4, at_least=1, fix="Sync weights every N >= 1 optimizer steps (verl's default: 4)."
+    )
     """Optimizer steps per parameter version: weights are synced to the rollout replicas every this many steps
     (one sync cycle)."""
 
-    require_batches: int = 1
+    require_batches: int = integer(1, at_least=1, fix="Use 1 (verl's default) or more mini-batches per step.")
     """Mini-batches gathered from the queue per optimizer step (``required_samples = mini_batch_size *
     require_batches``)."""
 
-    partial_rollout: bool = True
+    partial_rollout: bool = boolean(True)
     """Resume aborted requests (deactivation, rebalance, weight sync) from the tokens already generated instead of
     restarting them; the sample records the min/max weight version it was generated under."""
 
-    mini_batch_size: int = 64
+    mini_batch_size: int = integer(
+        64, at_least=1, fix="Set it to prompts per step × rollout.n (e.g. 8 prompts × n=8 = 64)."
+    )
     """Samples per optimizer step (prompts × ``rollout.n``); must be a multiple of ``rollout.n``."""
 
-    only_hybrid: bool = False
+    only_hybrid: bool = boolean(False)
     """Colocated mode (verl: rollout nnodes = 0): every replica is hybrid, no standalone replicas; the trainer's
     devices alternate between rollout and training every cycle."""
 
-    wait_timeout_s: float = 600.0
+    wait_timeout_s: float = real(
+        600.0, above=0.0, fix="Give seconds, e.g. 600 (a slow first batch on a big model may need more)."
+    )
     """Longest the trainer waits for a batch (or for the deactivate threshold) before the fit fails with a clear
     error naming the queue size and the replica logs: the rollout side has stalled or produces far too slowly."""
-
-    def __post_init__(self) -> None:
-        c = Checker(self.SECTION)
-        c.boolean("use_dynamic_resource_scheduling", self.use_dynamic_resource_scheduling)
-        policies = available_policy_names()
-        if not isinstance(self.dynamic_schedule_policy, str) or self.dynamic_schedule_policy not in policies:
-            c.choice(
-                "dynamic_schedule_policy",
-                self.dynamic_schedule_policy,
-                policies,
-                "Use a built-in policy or import the module that registers yours with @register_policy first.",
-            )
-        c.real(
-            "dynamic_schedule_deactivate_ratio",
-            self.dynamic_schedule_deactivate_ratio,
-            "Use a fraction such as 0.3 (verl's default); 1.0 waits for the whole cycle's samples.",
-            low=0.0,
-            high=1.0,
-            low_open=True,
-        )
-        for problem in policy_kwargs_problems(self.dynamic_schedule_policy, self.dynamic_schedule_policy_kwargs):
-            c.problems.append(f"{c.key('dynamic_schedule_policy_kwargs')} {problem}")
-        c.boolean("dynamic_schedule_enable_rebalance", self.dynamic_schedule_enable_rebalance)
-        c.boolean("overlap_sync", self.overlap_sync)
-        c.boolean("early_first_sync", self.early_first_sync)
-        c.boolean("staged_standalone_sync", self.staged_standalone_sync)
-        c.choice("standalone_sync_mode", self.standalone_sync_mode, ("abort", "keep"), "Use abort or keep.")
-        c.real(
-            "staleness_threshold",
-            self.staleness_threshold,
-            "Use 0 for no off-policy samples, or a small fraction such as 0.1 (verl's default).",
-            low=0.0,
-        )
-        c.integer(
-            "trigger_parameter_sync_step",
-            self.trigger_parameter_sync_step,
-            1,
-            "Sync weights every N >= 1 optimizer steps (verl's default: 4).",
-        )
-        c.integer("require_batches", self.require_batches, 1, "Use 1 (verl's default) or more mini-batches per step.")
-        c.boolean("partial_rollout", self.partial_rollout)
-        c.integer(
-            "mini_batch_size",
-            self.mini_batch_size,
-            1,
-            "Set it to prompts per step × rollout.n (e.g. 8 prompts × n=8 = 64).",
-        )
-        c.boolean("only_hybrid", self.only_hybrid)
-        c.real(
-            "wait_timeout_s",
-            self.wait_timeout_s,
-            "Give seconds, e.g. 600 (a slow first batch on a big model may need more).",
-            low=0.0,
-            low_open=True,
-        )
-        c.raise_if_any()
 
     @property
     def derived_counts(self) -> DerivedCounts:

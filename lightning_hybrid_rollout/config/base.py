@@ -8,14 +8,16 @@ import ast
 import dataclasses
 import inspect
 import itertools
-import math
 import textwrap
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
+from lightning_hybrid_rollout.config.fields import RULE_KEY, Checker, check_fields, field_rule, is_int, is_real
 from lightning_hybrid_rollout.did_you_mean import did_you_mean
 from lightning_hybrid_rollout.errors import ConfigError
+
+__all__ = ["Checker", "ConfigBase", "field_docs", "field_help", "is_int", "is_real"]
 
 BUILTIN_POLICIES: tuple[str, ...] = ("default", "static_fully_async", "fixed_ratio")
 """The policies registered by ``lightning_hybrid_rollout.schedule`` on import (used only if it cannot be imported)."""
@@ -39,55 +41,6 @@ _C = TypeVar("_C", bound="ConfigBase")
 
 
 _suggest = did_you_mean
-
-
-def is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def is_real(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-class Checker:
-    def __init__(self, section: str) -> None:
-        self.section = section
-        self.problems: list[str] = []
-
-    def key(self, name: str) -> str:
-        return f"{self.section}.{name}" if self.section else name
-
-    def add(self, name: str, requirement: str, value: Any, fix: str) -> None:
-        self.problems.append(f"{self.key(name)} must be {requirement}, got {value!r}. {fix}")
-
-    def boolean(self, name: str, value: Any) -> None:
-        if not isinstance(value, bool):
-            self.add(name, "a bool", value, f"Write `{name}: true` or `{name}: false` (no quotes).")
-
-    def integer(self, name: str, value: Any, minimum: int, fix: str) -> None:
-        if not is_int(value):
-            self.add(name, f"an integer >= {minimum}", value, fix)
-        elif value < minimum:
-            self.add(name, f">= {minimum}", value, fix)
-
-    def real(
-        self, name: str, value: Any, fix: str, *, low: float, high: float = math.inf, low_open: bool = False
-    ) -> None:
-        if math.isfinite(high):
-            interval = f"in {'(' if low_open else '['}{low:g}, {high:g}]"
-        else:
-            interval = f"> {low:g}" if low_open else f">= {low:g}"
-        if not is_real(value) or value > high or value < low or (low_open and value == low):
-            self.add(name, f"a number {interval}", value, fix)
-
-    def choice(self, name: str, value: Any, choices: Iterable[str], fix: str) -> None:
-        choices = tuple(choices)
-        if value not in choices:
-            self.add(name, f"one of {list(choices)}", value, fix + _suggest(value, choices))
-
-    def raise_if_any(self) -> None:
-        if self.problems:
-            raise ConfigError(self.problems)
 
 
 #: The run dir's copy of a fit's ``rollout`` and ``async_training`` settings, written by the callback at the start of a
@@ -150,12 +103,33 @@ def available_policy_names() -> tuple[str, ...]:
 
 @dataclass
 class ConfigBase:
-    """Shared ``to_dict``/``from_dict`` (a dataclass itself, so jsonargparse treats subclasses as plain dataclasses)."""
+    """The base of every config section: declared fields checked on construction, ``from_dict``/``to_dict``.
+
+    A section declares each field with :mod:`~lightning_hybrid_rollout.config.fields` (``integer``, ``real``,
+    ``choice``, ...) and puts what needs several fields in :meth:`check`. A dataclass itself, so jsonargparse treats
+    subclasses as plain dataclasses.
+    """
 
     SECTION: ClassVar[str] = ""
+    #: The exception a bad value raises (the simulator's sections raise ``ScenarioError``).
+    ERROR: ClassVar[type[Exception]] = ConfigError
+
+    def __post_init__(self) -> None:
+        self.prepare()
+        c = Checker(self.SECTION)
+        check_fields(self, c)
+        if not c.problems:  # cross-field rules read values the declarations already vouched for
+            self.check(c)
+        c.raise_if_any(self.ERROR)
+
+    def prepare(self) -> None:
+        """Normalise values before the checks (e.g. an ``os.PathLike`` to ``str``); nothing by default."""
+
+    def check(self, c: Checker) -> None:
+        """Rules the field declarations cannot say (two fields together); append problems to ``c``."""
 
     def to_dict(self) -> dict[str, Any]:
-        """A plain ``dict`` (nested for :class:`HybridRolloutConfig`) that :meth:`from_dict` accepts back."""
+        """A plain ``dict`` (nested for nested sections) that :meth:`from_dict` accepts back."""
         return dataclasses.asdict(self)  # type: ignore[call-overload]
 
     @classmethod
@@ -163,22 +137,41 @@ class ConfigBase:
         """Build from a mapping (e.g. a YAML section). Unknown keys are rejected, with the valid keys listed.
 
         Raises:
-            ConfigError: unknown keys, or invalid values (see the class's field docs).
+            ConfigError: unknown or missing keys, or invalid values (see the class's field docs).
         """
         where = cls.SECTION or cls.__name__
         if not isinstance(data, Mapping):
-            raise ConfigError(f"{where} must be a mapping of keys to values, got {data!r}.")
-        valid = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+            raise cls.ERROR(f"{where} must be a mapping of keys to values, got {data!r}.")
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        valid = [f.name for f in fields]
         unknown = [k for k in data if k not in valid]
         if unknown:
-            raise ConfigError(
-                [f"{where} has no key {k!r}.{_suggest(k, valid)} Valid keys: {', '.join(valid)}." for k in unknown]
+            raise cls.ERROR(
+                [f"{where} has no key {k!r}.{_suggest(str(k), valid)} Valid keys: {', '.join(valid)}." for k in unknown]
             )
-        return cls(**cls._convert(dict(data)))
+        missing = [
+            f
+            for f in fields
+            if f.name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
+        if missing:
+            fixes = [f.metadata[RULE_KEY].fix if RULE_KEY in f.metadata else "" for f in missing]
+            raise cls.ERROR([f"{where}.{f.name} is missing. {fix}".rstrip() for f, fix in zip(missing, fixes)])
+        out = dict(data)
+        for f in fields:  # nested sections from their own mappings
+            rule = f.metadata.get(RULE_KEY)
+            if rule is not None and rule.kind == "section" and isinstance(out.get(f.name), Mapping):
+                out[f.name] = rule.section_type.from_dict(out[f.name])
+        return cls(**cls._convert(out))
 
     @classmethod
     def _convert(cls, data: dict[str, Any]) -> dict[str, Any]:
         return data
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        """The keys this section accepts, in declaration order."""
+        return [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -202,3 +195,14 @@ def field_docs(cls: type) -> dict[str, str]:
         ):
             docs[node.target.id] = inspect.cleandoc(nxt.value.value)
     return docs
+
+
+def field_help(cls: type) -> dict[str, str]:
+    """Each field's help: its attribute docstring, then what it accepts (from the same rule the check uses)."""
+    docs = field_docs(cls)
+    out = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        rule = field_rule(f)
+        accepts = f" Accepts {rule.requirement()}." if rule is not None and rule.kind != "section" else ""
+        out[f.name] = docs.get(f.name, "") + accepts
+    return out

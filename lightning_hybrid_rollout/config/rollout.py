@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from lightning_hybrid_rollout.config.base import (
-    DTYPES,
-    WEIGHT_ENCODINGS,
-    WEIGHT_TRANSPORTS,
-    Checker,
-    ConfigBase,
-    is_int,
-    is_real,
-)
+from lightning_hybrid_rollout.config.base import DTYPES, WEIGHT_ENCODINGS, WEIGHT_TRANSPORTS, Checker, ConfigBase
+from lightning_hybrid_rollout.config.fields import boolean, choice, custom, integer, real, text
 
 
 @dataclass
@@ -44,51 +37,61 @@ class RolloutConfig(ConfigBase):
 
     # --- Parameters that control the replicas ------------------------------------------------------------------
 
-    model_path: str = ""
+    model_path: str = text("", empty_ok=True, fix="Give a model directory or a hub id, e.g. 'Qwen/Qwen3-0.6B'.")
     """Hugging Face model directory or hub id (``HuggingFaceTB/SmolLM2-135M-Instruct``) the trainer and the engines
     load. A hub id is fetched into the Hugging Face cache once per node (``HF_HOME``; ``HF_HUB_OFFLINE=1`` reads the
     cache only). Required by the runtime; may stay empty for simulator-only configs."""
 
-    model_revision: str | None = None
+    model_revision: str | None = text(None, nullable=True, fix="E.g. 'main' or a commit hash.")
     """Branch, tag or commit of a hub id ``model_path`` (TRL's ``model_revision``); ``null``: its default branch.
     Ignored for a local directory."""
 
-    standalone_replicas: int = 1
+    standalone_replicas: int = integer(
+        1, at_least=0, fix="Use 0 (with only_hybrid) or a positive count of dedicated rollout replicas."
+    )
     """Always-on rollout replicas on dedicated devices (verl: rollout nodes). 0 with ``only_hybrid``."""
 
-    hybrid_replicas: int = 1
+    hybrid_replicas: int = integer(1, at_least=0, fix="Use 0 (plain fully-async) or a positive count.")
     """Rollout replicas sharing the trainer's devices, lent to rollout while the trainer waits."""
 
-    concurrent_samples_per_replica: int = 16
+    concurrent_samples_per_replica: int = integer(
+        16, at_least=1, fix="Use a positive count such as 16 (verl's default)."
+    )
     """Concurrent samples one replica serves (``s`` in ``cap = min(servers * s, max_required_samples)``)."""
 
     # --- Parameters that control generation --------------------------------------------------------------------
 
-    n: int = 8
+    n: int = integer(8, at_least=1, fix="Use the group size, e.g. 8 samples per prompt.")
     """Samples per prompt (the GRPO group size)."""
 
-    response_length: int = 128
+    response_length: int = integer(128, at_least=1, fix="Give the maximum new tokens per sample, e.g. 128.")
     """Maximum new tokens per sample (a resumed partial rollout counts the tokens it already has)."""
 
-    prompt_length: int = 64
+    prompt_length: int = integer(64, at_least=1, fix="Give the maximum prompt tokens, e.g. 64.")
     """Maximum prompt tokens; longer prompts are rejected by the data path."""
 
-    temperature: float = 1.0
+    temperature: float = real(1.0, at_least=0.0, fix="Use 1.0 for plain sampling or 0 for greedy.")
     """Sampling temperature (>= 0; 0 = greedy)."""
 
-    top_p: float = 1.0
+    top_p: float = real(1.0, above=0.0, at_most=1.0, fix="Use 1.0 to disable nucleus sampling.")
     """Nucleus sampling mass, in (0, 1]; 1.0 = disabled."""
 
     # --- Parameters that control which groups are trained on (dynamic sampling) -------------------------------
 
-    filter_groups: bool | str = False
+    filter_groups: bool | str = custom(
+        False,
+        requirement="true, false or 'package.module:function' / 'path/to/file.py:function'",
+        check=lambda cfg, key, value: _filter_groups_problems(key, value),
+    )
     """Drop finished groups before they reach the queue and admit a new prompt in each one's place, so every step
     still trains on its configured number of samples (DAPO's dynamic sampling). ``true``: drop groups whose rewards
     are all equal (zero advantage, no learning signal); a string ``"package.module:function"`` or
     ``"path/to/file.py:function"``: drop a group when ``function(samples)`` (its finished, rewarded ``Sample``
     list) returns False. ``false``: every group is trained on."""
 
-    max_num_gen_batches: int = 10
+    max_num_gen_batches: int = integer(
+        10, at_least=0, fix="Use 0 (no cap) or a count of batches such as 10 (verl's default)."
+    )
     """Cap on generation per weight-sync cycle while ``filter_groups`` drops groups, in batches of the cycle's
     required samples (verl's ``max_num_gen_batches``): once the cycle's dropped samples reach ``(max_num_gen_batches
     - 1) x step_required_samples``, groups pass unfiltered until the next sync (one warning) instead of stalling the
@@ -96,56 +99,72 @@ class RolloutConfig(ConfigBase):
 
     # --- Parameters that control the engine --------------------------------------------------------------------
 
-    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = choice(
+        "float32", DTYPES, fix="Use float32 on CPU for parity with transformers."
+    )
     """Engine weight dtype. ``float32`` gives exact parity with transformers on CPU; ``auto`` follows the
     checkpoint (a float32 checkpoint then loads as bf16 in vLLM)."""
 
-    kv_cache_memory_bytes: int = 256 * 1024**2
+    kv_cache_memory_bytes: int = integer(256 * 1024**2, at_least=1, fix="Give a byte count, e.g. 268435456 (256 MiB).")
     """KV-cache bytes per replica (default 256 MiB). Always bounded: vLLM's default takes 0.9 of the device or node
     memory."""
 
-    cpus_per_replica: int = 1
+    cpus_per_replica: int = integer(1, at_least=1, fix="Give at least one core per replica.")
     """CPU cores per replica's Ray actor (a CPU replica is pinned to them)."""
 
-    gpus_per_replica: float = 0.0
+    gpus_per_replica: float = real(0.0, at_least=0.0, fix="Use 0 on CPU, or e.g. 1.0 per GPU replica.")
     """GPUs per replica's Ray actor (0 on CPU machines; may be fractional)."""
 
-    ray_address: str | None = None
+    ray_address: str | None = text(None, nullable=True, fix="Use null for a local Ray, or e.g. 'ray://head:10001'.")
     """Address of a running Ray cluster; ``None`` starts a local Ray on 127.0.0.1."""
 
-    enforce_eager: bool = True
+    enforce_eager: bool = boolean(True)
     """Disable graph capture/compilation in the engine (faster start; compile does not pay off for tiny models)."""
 
-    seed: int = 0
+    seed: int = integer(0, at_least=0, fix="Use a non-negative integer.")
     """Seed of the engines' sampling (replica ``i`` uses ``seed + i``)."""
 
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = integer(
+        1, at_least=1, fix="Use 1 (one GPU per engine), or the number of GPUs to shard over."
+    )
     """GPUs one engine shards the model over (vLLM ``tensor_parallel_size``). GPU only: 1 on CPU, and at most
     ``gpus_per_replica`` (a replica's actor must see all of its engine's GPUs)."""
 
-    gpu_memory_utilization: float = 0.4
+    gpu_memory_utilization: float = real(
+        0.4, above=0.0, at_most=1.0, fix="Use a fraction of each GPU's memory, e.g. 0.4 (GPU only)."
+    )
     """GPU only: fraction of each GPU's memory an engine may take for weights + KV cache, in (0, 1] (low, since a
     hybrid replica shares the GPU with the trainer). On CPU ``kv_cache_memory_bytes`` sizes the cache."""
 
-    max_model_len: int | None = None
+    max_model_len: int | None = integer(None, nullable=True, fix="Use null (prompt + response + 8) or e.g. 4096.")
     """Longest prompt + response an engine accepts (vLLM ``max_model_len``). ``None``: ``prompt_length +
     response_length + 8``; if set, at least ``prompt_length + response_length`` and at most what the model
     supports (checked against its ``config.json`` before any replica starts)."""
 
-    enable_prefix_caching: bool | None = None
+    enable_prefix_caching: bool | None = boolean(
+        None, nullable=True, fix="Use null (vLLM's default), true or false (no quotes)."
+    )
     """Reuse the KV cache of shared prompt prefixes (a group's ``n`` samples share their prompt; vLLM
     ``enable_prefix_caching``). ``None``: vLLM's default for the model."""
 
-    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    engine_kwargs: dict[str, Any] = custom(
+        default_factory=dict,
+        requirement="a mapping of vLLM engine argument names to values",
+        check=lambda cfg, key, value: cfg._engine_kwargs_problems(key, value),
+    )
     """More vLLM engine arguments (``AsyncEngineArgs`` fields, e.g. ``{max_num_batched_tokens: 2048}``), passed to
     every engine and checked with vLLM's own code before any replica starts. A key a field of this section sets
     (e.g. ``max_model_len``, ``dtype``, ``max_num_seqs``) is refused: set that field instead."""
 
-    pin_trainer: bool = True
+    pin_trainer: bool = boolean(True)
     """CPU only: pin the trainer process to the hybrid replicas' cores (they take turns), leaving the other cores to
     the standalone replicas."""
 
-    weight_transport: Literal["auto", "node_shm", "ray", "collective", "cuda_ipc"] = "auto"
+    weight_transport: Literal["auto", "node_shm", "ray", "collective", "cuda_ipc"] = choice(
+        "auto",
+        WEIGHT_TRANSPORTS,
+        fix="Use 'auto' (chosen per replica by placement) unless you need one transport for every replica.",
+    )
     """How the trainer's weights reach the replicas at each sync: ``node_shm`` (a node-local shared-memory file),
     ``ray`` (Ray's object store), ``collective`` (a torch.distributed broadcast in a group of its own: gloo on CPU,
     NCCL on GPU), ``cuda_ipc`` (CUDA only: the hybrid replica on the trainer's GPU maps its tensors). ``auto``: per
@@ -153,7 +172,12 @@ class RolloutConfig(ConfigBase):
     ``cuda_ipc`` for a hybrid replica on the trainer's GPU and ``collective`` otherwise. Every sync is verified by
     checksum; a named transport never falls back to another."""
 
-    weight_encoding: Literal["auto", "full", "delta"] = "auto"
+    weight_encoding: Literal["auto", "full", "delta"] = choice(
+        "auto",
+        WEIGHT_ENCODINGS,
+        fix="Use 'auto' (deltas to 16-bit engines), 'delta' (send only the changed elements) or 'full' (send the "
+        "whole weights every sync).",
+    )
     """What each weight sync sends. ``auto``: ``delta`` to the replicas whose engine holds bfloat16 or float16
     weights, ``full`` to the others (a float32 engine's weights change almost everywhere under Adam: 99.9% of
     SmolLM2's per step, so a delta saves nothing and costs its encoding). ``delta``: the elements that changed
@@ -165,14 +189,18 @@ class RolloutConfig(ConfigBase):
     dtype on the trainer and on each replica. ``full``: the trainer's tensors as they are, every sync. A LoRA
     adapter-only sync (``lora_sync: adapter``) and ``cuda_ipc`` always send in full (docs/rollout.md)."""
 
-    lora_sync: Literal["adapter", "merged"] = "adapter"
+    lora_sync: Literal["adapter", "merged"] = choice(
+        "adapter",
+        ("adapter", "merged"),
+        fix="Use 'adapter' (send only the LoRA adapter) or 'merged' (send the merged full weights).",
+    )
     """With a LoRA policy (``GRPOModule(peft=...)``), what each weight sync sends. ``adapter``: the adapter's
     ``lora_A`` / ``lora_B`` tensors only; the engines start with vLLM's LoRA on (``max_lora_rank`` from
     ``peft.r``), keep the base they loaded at start, and serve every request admitted after a sync with the new
     adapter. ``merged``: the full merged weights ``W + B @ A * scaling`` under the base names, to plain engines.
     Without ``peft`` every sync is a full one and this is ignored (docs/lora.md)."""
 
-    lora_keep_base: bool = True
+    lora_keep_base: bool = boolean(True)
     """With ``lora_sync: adapter``, on GPU: a hybrid replica's deactivation releases its KV cache only and keeps the
     base weights on the device, so its activation costs the adapter push alone; false: vLLM's level-1 sleep (the
     weights go to host memory and are copied back at the wake). CPU engines never sleep (they park and keep
@@ -180,156 +208,37 @@ class RolloutConfig(ConfigBase):
 
     # --- Parameters that control placement and failures --------------------------------------------------------
 
-    standalone_resource: str | None = None
+    standalone_resource: str | None = text(
+        None,
+        nullable=True,
+        fix="Use null (no placement constraint) or the resource your rollout nodes advertise, e.g. 'lhr_rollout'.",
+    )
     """Ray resource a node must advertise to host standalone replicas (e.g. ``lhr_rollout``, set with ``ray start
     --resources '{"lhr_rollout": 8}'``; one unit per replica). ``None``: anywhere Ray finds room. Hybrid replicas
     always go to the trainer ranks' own nodes."""
 
-    replica_health_timeout_s: float = 60.0
+    replica_health_timeout_s: float = real(
+        60.0, above=0.0, fix="Use seconds, e.g. 60 (longer than an engine's slowest step)."
+    )
     """A replica that does not answer a health check within this many seconds is treated as dead: it is killed,
     its in-flight samples continue on other replicas, and a replacement starts."""
 
-    max_replica_restarts: int = 3
+    max_replica_restarts: int = integer(
+        3, at_least=0, fix="Use 0 (never replace a dead replica) or a small count such as 3."
+    )
     """Replacements tried per replica slot in a row before giving up on it (a successful one resets the count); with
     no replica left, the fit saves a checkpoint and stops with a ``ReplicaFailureError``."""
 
-    deactivation_drain_s: float = 0.0
+    deactivation_drain_s: float = real(
+        0.0, at_least=0.0, fix="Use 0 (abort everything, verl's deactivation) or a small budget such as 0.15 seconds."
+    )
     """Drain budget in seconds when hybrid replicas are deactivated: requests expected to finish within it complete
     instead of being aborted (the others continue elsewhere from their prefix). The trainer waits meanwhile, so keep
     it near the abort's own cost (e.g. 0.15). 0 = verl's deactivation: abort everything at once."""
 
-    def __post_init__(self) -> None:
-        c = Checker(self.SECTION)
-        if not isinstance(self.model_path, str):
-            c.add(
-                "model_path", "a string", self.model_path, "Give a model directory or a hub id, e.g. 'Qwen/Qwen3-0.6B'."
-            )
-        if self.model_revision is not None and (not isinstance(self.model_revision, str) or not self.model_revision):
-            c.add("model_revision", "null or a non-empty string", self.model_revision, "E.g. 'main' or a commit hash.")
-        c.integer(
-            "standalone_replicas",
-            self.standalone_replicas,
-            0,
-            "Use 0 (with only_hybrid) or a positive count of dedicated rollout replicas.",
-        )
-        c.integer("hybrid_replicas", self.hybrid_replicas, 0, "Use 0 (plain fully-async) or a positive count.")
-        c.integer(
-            "concurrent_samples_per_replica",
-            self.concurrent_samples_per_replica,
-            1,
-            "Use a positive count such as 16 (verl's default).",
-        )
-        c.integer("n", self.n, 1, "Use the group size, e.g. 8 samples per prompt.")
-        c.integer("response_length", self.response_length, 1, "Give the maximum new tokens per sample, e.g. 128.")
-        c.integer("prompt_length", self.prompt_length, 1, "Give the maximum prompt tokens, e.g. 64.")
-        c.real("temperature", self.temperature, "Use 1.0 for plain sampling or 0 for greedy.", low=0.0)
-        c.real("top_p", self.top_p, "Use 1.0 to disable nucleus sampling.", low=0.0, high=1.0, low_open=True)
-        self._check_filter_groups(c)
-        c.choice("dtype", self.dtype, DTYPES, "Use float32 on CPU for parity with transformers.")
-        c.integer(
-            "kv_cache_memory_bytes",
-            self.kv_cache_memory_bytes,
-            1,
-            "Give a byte count, e.g. 268435456 (256 MiB).",
-        )
-        c.integer("cpus_per_replica", self.cpus_per_replica, 1, "Give at least one core per replica.")
-        c.real("gpus_per_replica", self.gpus_per_replica, "Use 0 on CPU, or e.g. 1.0 per GPU replica.", low=0.0)
-        if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
-            c.add(
-                "ray_address",
-                "null or a non-empty string",
-                self.ray_address,
-                "Use null for a local Ray, or e.g. 'ray://head:10001'.",
-            )
-        c.boolean("enforce_eager", self.enforce_eager)
-        c.choice(
-            "weight_transport",
-            self.weight_transport,
-            WEIGHT_TRANSPORTS,
-            "Use 'auto' (chosen per replica by placement) unless you need one transport for every replica.",
-        )
-        c.choice(
-            "weight_encoding",
-            self.weight_encoding,
-            WEIGHT_ENCODINGS,
-            "Use 'auto' (deltas to 16-bit engines), 'delta' (send only the changed elements) or 'full' (send the whole "
-            "weights every sync).",
-        )
-        c.choice(
-            "lora_sync",
-            self.lora_sync,
-            ("adapter", "merged"),
-            "Use 'adapter' (send only the LoRA adapter) or 'merged' (send the merged full weights).",
-        )
-        c.boolean("lora_keep_base", self.lora_keep_base)
-        c.integer("seed", self.seed, 0, "Use a non-negative integer.")
-        if self.standalone_resource is not None and (
-            not isinstance(self.standalone_resource, str) or not self.standalone_resource
-        ):
-            c.add(
-                "standalone_resource",
-                "null or a Ray resource name",
-                self.standalone_resource,
-                "Use null (no placement constraint) or the resource your rollout nodes advertise, e.g. 'lhr_rollout'.",
-            )
-        c.real(
-            "replica_health_timeout_s",
-            self.replica_health_timeout_s,
-            "Use seconds, e.g. 60 (longer than an engine's slowest step).",
-            low=0.0,
-            low_open=True,
-        )
-        c.integer(
-            "max_replica_restarts",
-            self.max_replica_restarts,
-            0,
-            "Use 0 (never replace a dead replica) or a small count such as 3.",
-        )
-        c.real(
-            "deactivation_drain_s",
-            self.deactivation_drain_s,
-            "Use 0 (abort everything, verl's deactivation) or a small budget such as 0.15 seconds.",
-            low=0.0,
-        )
-        self._check_engine_fields(c)
-        c.raise_if_any()
-
-    def _check_filter_groups(self, c: Checker) -> None:
-        f = self.filter_groups
-        if isinstance(f, str):
-            where, _, attr = f.strip().rpartition(":")
-            if not where or not attr.isidentifier():
-                c.add(
-                    "filter_groups",
-                    "true, false or 'package.module:function' / 'path/to/file.py:function'",
-                    f,
-                    "Name the function after a colon, e.g. 'my_filters.py:keep_group'.",
-                )
-        elif not isinstance(f, bool):
-            c.add(
-                "filter_groups",
-                "true, false or 'package.module:function' / 'path/to/file.py:function'",
-                f,
-                "Use true (drop groups whose rewards are all equal) or a filter function's import path.",
-            )
-        c.integer(
-            "max_num_gen_batches",
-            self.max_num_gen_batches,
-            0,
-            "Use 0 (no cap) or a count of batches such as 10 (verl's default).",
-        )
-
-    def engine_max_model_len(self) -> int:
-        """The engines' ``max_model_len``: the field if set, else ``prompt_length + response_length + 8``."""
-        if self.max_model_len is not None:
-            return self.max_model_len
-        return self.prompt_length + self.response_length + 8
-
-    def _check_engine_fields(self, c: Checker) -> None:
-        tp = self.tensor_parallel_size
-        c.integer("tensor_parallel_size", tp, 1, "Use 1 (one GPU per engine), or the number of GPUs to shard over.")
-        gpus = self.gpus_per_replica
-        if is_int(tp) and tp > 1 and is_real(gpus) and gpus < tp:
+    def check(self, c: Checker) -> None:
+        tp, gpus = self.tensor_parallel_size, self.gpus_per_replica
+        if tp > 1 and gpus < tp:
             if gpus == 0:
                 c.add("tensor_parallel_size", "1 on CPU (gpus_per_replica: 0)", tp, "Tensor parallelism is GPU only.")
             else:
@@ -340,52 +249,52 @@ class RolloutConfig(ConfigBase):
                     f"A replica's actor must see all its engine's GPUs: set gpus_per_replica: {tp} or lower "
                     f"tensor_parallel_size.",
                 )
-        c.real(
-            "gpu_memory_utilization",
-            self.gpu_memory_utilization,
-            "Use a fraction of each GPU's memory, e.g. 0.4 (GPU only).",
-            low=0.0,
-            high=1.0,
-            low_open=True,
-        )
-        mml = self.max_model_len
-        if mml is not None:
-            lengths = (self.prompt_length, self.response_length)
-            need = sum(lengths) if all(is_int(x) for x in lengths) else 0
-            if not is_int(mml):
-                c.add("max_model_len", "null or an integer", mml, "Use null (prompt + response + 8) or e.g. 4096.")
-            elif mml < need:
-                c.add(
-                    "max_model_len",
-                    f">= prompt_length + response_length = {need}",
-                    mml,
-                    f"Use null ({need + 8}) or at least {need}, or lower prompt_length / response_length.",
-                )
-        if self.enable_prefix_caching is not None and not isinstance(self.enable_prefix_caching, bool):
+        need = self.prompt_length + self.response_length
+        if self.max_model_len is not None and self.max_model_len < need:
             c.add(
-                "enable_prefix_caching",
-                "null, true or false",
-                self.enable_prefix_caching,
-                "Use null (vLLM's default), true or false (no quotes).",
+                "max_model_len",
+                f">= prompt_length + response_length = {need}",
+                self.max_model_len,
+                f"Use null ({need + 8}) or at least {need}, or lower prompt_length / response_length.",
             )
-        kwargs = self.engine_kwargs
+
+    def engine_max_model_len(self) -> int:
+        """The engines' ``max_model_len``: the field if set, else ``prompt_length + response_length + 8``."""
+        if self.max_model_len is not None:
+            return self.max_model_len
+        return self.prompt_length + self.response_length + 8
+
+    def _engine_kwargs_problems(self, key: str, kwargs: Any) -> list[str]:
         if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
-            c.add(
-                "engine_kwargs",
-                "a mapping of vLLM engine argument names to values",
-                kwargs,
-                "Write e.g. `engine_kwargs: {max_num_batched_tokens: 2048}`.",
-            )
-            return
-        for key, value in kwargs.items():
-            if key in self.ENGINE_ARG_FIELDS:
-                owner = self.ENGINE_ARG_FIELDS[key]
-                c.problems.append(
-                    f"{c.key('engine_kwargs')}.{key} is set by {c.key(owner)}: remove it from engine_kwargs and "
+            return [
+                f"{key} must be a mapping of vLLM engine argument names to values, got {kwargs!r}. Write e.g. "
+                "`engine_kwargs: {max_num_batched_tokens: 2048}`."
+            ]
+        problems = []
+        for name, value in kwargs.items():
+            if name in self.ENGINE_ARG_FIELDS:
+                owner = self.ENGINE_ARG_FIELDS[name]
+                problems.append(
+                    f"{key}.{name} is set by {self.SECTION}.{owner}: remove it from engine_kwargs and "
                     f"set `{owner}: {value!r}` in the {self.SECTION} section instead."
                 )
-            elif key in self.RESERVED_ENGINE_ARGS:
-                c.problems.append(
-                    f"{c.key('engine_kwargs')}.{key} cannot be set: lightning_hybrid_rollout sets it itself "
-                    f"({self.RESERVED_ENGINE_ARGS[key]}). Remove it from engine_kwargs."
+            elif name in self.RESERVED_ENGINE_ARGS:
+                problems.append(
+                    f"{key}.{name} cannot be set: lightning_hybrid_rollout sets it itself "
+                    f"({self.RESERVED_ENGINE_ARGS[name]}). Remove it from engine_kwargs."
                 )
+        return problems
+
+
+def _filter_groups_problems(key: str, value: Any) -> list[str]:
+    if isinstance(value, bool):
+        return []
+    requirement = "true, false or 'package.module:function' / 'path/to/file.py:function'"
+    if isinstance(value, str):
+        where, _, attr = value.strip().rpartition(":")
+        if where and attr.isidentifier():
+            return []
+        fix = "Name the function after a colon, e.g. 'my_filters.py:keep_group'."
+    else:
+        fix = "Use true (drop groups whose rewards are all equal) or a filter function's import path."
+    return [f"{key} must be {requirement}, got {value!r}. {fix}"]

@@ -3,19 +3,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from lightning_hybrid_rollout.config.async_training import (
-    AsyncTrainingConfig,
-)
-from lightning_hybrid_rollout.config.base import (
-    ConfigBase,
-)
-from lightning_hybrid_rollout.config.rollout import (
-    RolloutConfig,
-)
+from lightning_hybrid_rollout.config.async_training import AsyncTrainingConfig
+from lightning_hybrid_rollout.config.base import Checker, ConfigBase
+from lightning_hybrid_rollout.config.fields import section
+from lightning_hybrid_rollout.config.rollout import RolloutConfig
 from lightning_hybrid_rollout.errors import ConfigError
 
 # --------------------------------------------------------------------------------------------------------------
@@ -84,36 +77,16 @@ class HybridRolloutConfig(ConfigBase):
         32
     """
 
-    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
-    """The seed's ``async_training`` section."""
+    async_training: AsyncTrainingConfig = section(
+        AsyncTrainingConfig, fix="Use HybridRolloutConfig.from_dict for plain mappings."
+    )
+    """verl's ``async_training`` section: dynamic resource scheduling and fully-async staleness."""
 
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    rollout: RolloutConfig = section(RolloutConfig, fix="Use HybridRolloutConfig.from_dict for plain mappings.")
     """Replicas, sampling and engine settings."""
 
-    def __post_init__(self) -> None:
-        problems: list[str] = []
-        if not isinstance(self.async_training, AsyncTrainingConfig):
-            problems.append(
-                f"async_training must be an AsyncTrainingConfig, got {self.async_training!r}. "
-                f"Use HybridRolloutConfig.from_dict for plain mappings."
-            )
-        if not isinstance(self.rollout, RolloutConfig):
-            problems.append(
-                f"rollout must be a RolloutConfig, got {self.rollout!r}. Use HybridRolloutConfig.from_dict for plain "
-                f"mappings."
-            )
-        if problems:
-            raise ConfigError(problems)
-        validate_run_config(self.async_training, self.rollout)
-
-    @classmethod
-    def _convert(cls, data: dict[str, Any]) -> dict[str, Any]:
-        out = dict(data)
-        if isinstance(out.get("async_training"), Mapping):
-            out["async_training"] = AsyncTrainingConfig.from_dict(out["async_training"])
-        if isinstance(out.get("rollout"), Mapping):
-            out["rollout"] = RolloutConfig.from_dict(out["rollout"])
-        return out
+    def check(self, c: Checker) -> None:
+        c.problems.extend(_cross_field_problems(self.async_training, self.rollout))
 
     def rollout_capacity(self, active_servers: int) -> int:
         """The rollouter's concurrency cap with ``active_servers`` replicas routed:

@@ -6,20 +6,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from lightning_hybrid_rollout.config.base import (
-    Checker,
-    ConfigBase,
-)
+from lightning_hybrid_rollout.config.base import ConfigBase
+from lightning_hybrid_rollout.config.fields import boolean, integer, real
 from lightning_hybrid_rollout.errors import ConfigError
-
-# --------------------------------------------------------------------------------------------------------------
-# rollout
-# --------------------------------------------------------------------------------------------------------------
-
 
 # --------------------------------------------------------------------------------------------------------------
 # build_model (the CPU quickstart's tiny model)
 # --------------------------------------------------------------------------------------------------------------
+
+_OPTIONAL = "Use a positive integer, or leave it out for the default."
 
 
 @dataclass
@@ -34,58 +29,43 @@ class TinyModelConfig(ConfigBase):
 
     SECTION: ClassVar[str] = "build_model"
 
-    hidden: int = 128
+    hidden: int = integer(128, at_least=1, fix="Use a small positive size, e.g. 128.")
     """Hidden size of the random model."""
 
-    layers: int = 2
+    layers: int = integer(2, at_least=1, fix="Use a small positive size, e.g. 128.")
     """Decoder layers of the random model."""
 
-    seed: int = 0
+    seed: int = integer(0, at_least=0, fix="Use a non-negative integer.")
     """Seed of the random initialisation (a model built twice with the same keys is the same model)."""
 
-    heads: int | None = None
+    heads: int | None = integer(None, at_least=1, nullable=True, fix=_OPTIONAL)
     """Attention heads (None: ``hidden // 32``, at least 1: head dim 32; vLLM's CPU attention needs a head dim in
     {32, 64, 80, 96, 112, 128, ...})."""
 
-    kv_heads: int | None = None
+    kv_heads: int | None = integer(None, at_least=1, nullable=True, fix=_OPTIONAL)
     """Key/value heads for grouped-query attention (None: as many as ``heads``)."""
 
-    intermediate: int | None = None
+    intermediate: int | None = integer(None, at_least=1, nullable=True, fix=_OPTIONAL)
     """MLP width (None: ``4 * hidden``)."""
 
-    vocab_size: int = 128
+    vocab_size: int = integer(128, at_least=81, fix="The character-level tokenizer needs at least 81 ids: use 128.")
     """Vocabulary size of the character-level tokenizer (>= 81)."""
 
-    max_position_embeddings: int = 512
+    max_position_embeddings: int = integer(512, at_least=1, fix="Use a small positive size, e.g. 128.")
     """Longest sequence the model accepts (prompt + response)."""
 
-    tie_word_embeddings: bool = True
+    tie_word_embeddings: bool = boolean(True)
     """Share the input embedding and the output head."""
 
-    init_scale: float = 1.0
+    init_scale: float = real(1.0, above=0.0, fix="Use a positive scale such as 1.0.")
     """Scale of the random initialisation."""
 
-    add_bos: bool = True
+    add_bos: bool = boolean(True)
     """The tokenizer prepends a begin-of-sequence token."""
 
-    format_warmup_steps: int = 0
+    format_warmup_steps: int = integer(0, at_least=0, fix="Use 0 to disable it, or e.g. 100.")
     """Supervised warm-up steps on the task's answer *shape* (random answers) right after the build, so a
     random-init model learns the format before RL (design/notes.md §7). 0 disables it."""
-
-    def __post_init__(self) -> None:
-        c = Checker(self.SECTION)
-        for name in ("hidden", "layers", "max_position_embeddings"):
-            c.integer(name, getattr(self, name), 1, "Use a small positive size, e.g. 128.")
-        c.integer("vocab_size", self.vocab_size, 81, "The character-level tokenizer needs at least 81 ids: use 128.")
-        c.integer("seed", self.seed, 0, "Use a non-negative integer.")
-        for name in ("heads", "kv_heads", "intermediate"):
-            if getattr(self, name) is not None:
-                c.integer(name, getattr(self, name), 1, "Use a positive integer, or leave it out for the default.")
-        c.boolean("tie_word_embeddings", self.tie_word_embeddings)
-        c.boolean("add_bos", self.add_bos)
-        c.real("init_scale", self.init_scale, "Use a positive scale such as 1.0.", low=0.0, low_open=True)
-        c.integer("format_warmup_steps", self.format_warmup_steps, 0, "Use 0 to disable it, or e.g. 100.")
-        c.raise_if_any()
 
     def build_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of :func:`~lightning_hybrid_rollout.models.tiny_model.build_tiny_model`."""

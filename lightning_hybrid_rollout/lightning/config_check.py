@@ -18,7 +18,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from lightning_hybrid_rollout.agentic.runtime import AgenticConfig
+from lightning_hybrid_rollout.agentic.config import AgenticConfig
 from lightning_hybrid_rollout.config import (
     AsyncTrainingConfig,
     ConfigError,
@@ -28,7 +28,8 @@ from lightning_hybrid_rollout.config import (
 )
 from lightning_hybrid_rollout.did_you_mean import closest, did_you_mean
 from lightning_hybrid_rollout.rewards import RewardConfig
-from lightning_hybrid_rollout.run.flat_keys import FLAT_KEYS, moved_key_hint, section
+from lightning_hybrid_rollout.run.flat_keys import FLAT_KEYS, moved_key_hint
+from lightning_hybrid_rollout.sources.config import DatasetConfig
 
 _CALLBACK_NAMES = ("HybridRolloutCallback",)
 _SUBCOMMANDS = ("fit", "validate", "test", "predict")
@@ -288,31 +289,26 @@ def check_callback_args(where: str, init_args: Any, cls: type | None = None) -> 
     cls = cls or HybridRolloutCallback
     if not isinstance(init_args, Mapping):
         return [f"{where} must be a mapping of {cls.__name__} arguments, got {init_args!r}."]
-    skip = ("rollout", "async_training", "task", "build_model", "rewards", "agentic")
-    problems = check_init_args(where, cls, init_args, skip=skip, unknown_keys=False)
+    sections = {
+        "rollout": RolloutConfig,
+        "async_training": AsyncTrainingConfig,
+        "dataset": DatasetConfig,
+        "rewards": RewardConfig,
+        "agentic": AgenticConfig,
+    }
+    problems = check_init_args(where, cls, init_args, skip=(*sections, "task", "build_model"), unknown_keys=False)
     problems.extend(_unknown_callback_keys(where, cls, init_args))
-    for key, section_cls in (("rewards", RewardConfig), ("agentic", AgenticConfig)):
-        if init_args.get(key) is not None:
-            try:
-                section(section_cls, init_args[key])
-            except (ConfigError, TypeError) as err:
-                lines = getattr(err, "problems", None) or [str(err)]
-                problems.extend(f"{where}.{key}: {line}" for line in lines)
     if "rollout" not in init_args:
         problems.append(f"{where}.rollout is missing: add a `rollout:` block with at least `model_path:`.")
-    rollout = async_cfg = None
-    for key, config_cls in (("rollout", RolloutConfig), ("async_training", AsyncTrainingConfig)):
-        if key not in init_args:
+    built: dict[str, Any] = {}
+    for key, config_cls in sections.items():  # each section checks itself: this only walks the YAML
+        if key not in init_args or (init_args[key] is None and key not in ("rollout", "async_training")):
             continue
         try:
-            value = config_cls.from_dict(init_args[key] or {})
+            built[key] = config_cls.from_dict(init_args[key] or {})
         except ConfigError as err:
-            problems.extend(f"{where}.{p}" if not p.startswith(where) else p for p in err.problems)
-            continue
-        if key == "rollout":
-            rollout = value
-        else:
-            async_cfg = value
+            problems.extend(f"{where}.{p}" for p in err.problems)
+    rollout, async_cfg = built.get("rollout"), built.get("async_training")
     if rollout is not None:
         if not rollout.model_path:
             problems.append(

@@ -11,14 +11,13 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from lightning_hybrid_rollout.config.base import ConfigBase
+from lightning_hybrid_rollout.config.fields import choice, custom, integer, is_real, real
 from lightning_hybrid_rollout.did_you_mean import did_you_mean
-from lightning_hybrid_rollout.errors import ConfigError
 
 __all__ = ["BUILTIN_CLASS_NAMES", "BUILTIN_FUNCTION_NAMES", "RewardConfig"]
 
@@ -32,8 +31,21 @@ BUILTIN_CLASS_NAMES: tuple[str, ...] = ("format",)
 _DICT_KEYS = ("class_path", "init_args")
 
 
-def _is_real(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+def _funcs_problems(key: str, funcs: Any) -> list[str]:
+    if not isinstance(funcs, list):
+        return [f"{key} must be a list, got {funcs!r}. Write one item per function."]
+    return [p for i, item in enumerate(funcs) if (p := _item_problem(f"{key}[{i}]", item))]
+
+
+def _weights_problems(key: str, w: Any, funcs: Any) -> list[str]:
+    if not isinstance(w, list) or not all(is_real(x) for x in w):
+        return [f"{key} must be a list of finite numbers, got {w!r}. Or leave it unset (1.0)."]
+    if isinstance(funcs, list) and len(w) != len(funcs):
+        return [
+            f"{key} has {len(w)} weights for {len(funcs)} reward_funcs, got {w!r}. "
+            "Give one weight per function, in the same order."
+        ]
+    return []
 
 
 def _item_problem(key: str, item: Any) -> str | None:
@@ -74,7 +86,7 @@ def _item_problem(key: str, item: Any) -> str | None:
 
 
 @dataclass
-class RewardConfig:
+class RewardConfig(ConfigBase):
     """The ``rewards`` section: reward functions in TRL's calling convention, run in a worker pool.
 
     Each function is called once per finished prompt group as
@@ -85,69 +97,48 @@ class RewardConfig:
 
     SECTION: ClassVar[str] = "rewards"
 
-    reward_funcs: list[str | dict[str, Any]] = field(default_factory=list)
+    reward_funcs: list[str | dict[str, Any]] = custom(
+        default_factory=list,
+        requirement="a list of 'module:function', 'path/file.py:function', built-in names or {class_path, init_args}",
+        check=lambda cfg, key, value: _funcs_problems(key, value),
+    )
     """Reward functions, in order: ``"package.module:function"``, ``"path/to/file.py:function"`` (relative to the
     current directory), a built-in name (``math_verify``, ``exact_match``), or ``{class_path: package.module.Class,
     init_args: {...}}`` for a callable class (``class_path: format`` is the built-in regex format reward). Empty:
     the task's own reward is used."""
 
-    reward_weights: list[float] | None = None
+    reward_weights: list[float] | None = custom(
+        None,
+        nullable=True,
+        requirement="a list of finite numbers, one per reward function",
+        check=lambda cfg, key, value: _weights_problems(key, value, cfg.reward_funcs),
+    )
     """One weight per reward function (a sample's reward is the weighted sum). ``None``: 1.0 each."""
 
-    reward_workers: int = 1
+    reward_workers: int = integer(1, at_least=1, fix="Use 1 or more.")
     """Size of the worker pool the reward functions run in (off the rollouter's event loop). Calls beyond it
     wait for a free worker; the functions of one group run concurrently up to this many."""
 
-    reward_pool: Literal["thread", "process"] = "thread"
+    reward_pool: Literal["thread", "process"] = choice(
+        "thread", ("thread", "process"), fix="'thread' for I/O-bound functions, 'process' for CPU-bound ones."
+    )
     """``thread``: a thread pool (cheap; right for functions that release the GIL or wait on I/O, e.g. a remote
     judge). ``process``: a pool of spawned processes (true parallelism for CPU-bound scoring); each worker loads
     the functions again from their ``reward_funcs`` item, so they must be importable from the current directory,
     and their inputs and results must be picklable."""
 
-    reward_timeout_s: float = 60.0
+    reward_timeout_s: float = real(60.0, above=0.0, fix="E.g. 60 (seconds).")
     """Longest one call (one function on one group) may run, in seconds, counted from when it gets a worker. A
     timed-out call frees its group, not its worker: a thread cannot be killed (a stuck one keeps its worker until
     it returns); a process pool's workers are terminated when the run closes."""
 
-    reward_error: Literal["fail", "zero"] = "fail"
+    reward_error: Literal["fail", "zero"] = choice(
+        "fail", ("fail", "zero"), fix="'fail' stops the run on a failed call, 'zero' scores it 0."
+    )
     """What a failed call does (raised, timed out, returned NaN/inf, a non-number or the wrong number of values):
     ``fail`` stops the run with the function's name and the prompt index; ``zero`` scores that function 0.0 on
     every sample of the group, counts it in ``train/reward_errors`` and logs each kind of failure once per
     function at WARNING (repeats at DEBUG)."""
-
-    def __post_init__(self) -> None:
-        p: list[str] = []
-        s = self.SECTION
-        if not isinstance(self.reward_funcs, list):
-            p.append(f"{s}.reward_funcs must be a list, got {self.reward_funcs!r}. Write one item per function.")
-        else:
-            for i, item in enumerate(self.reward_funcs):
-                problem = _item_problem(f"{s}.reward_funcs[{i}]", item)
-                if problem:
-                    p.append(problem)
-        if self.reward_weights is not None:
-            w = self.reward_weights
-            n = len(self.reward_funcs) if isinstance(self.reward_funcs, list) else None
-            if not isinstance(w, list) or not all(_is_real(x) for x in w):
-                p.append(f"{s}.reward_weights must be a list of finite numbers, got {w!r}. Or leave it unset (1.0).")
-            elif n is not None and len(w) != n:
-                p.append(
-                    f"{s}.reward_weights has {len(w)} weights for {n} reward_funcs, got {w!r}. "
-                    "Give one weight per function, in the same order."
-                )
-        if not isinstance(self.reward_workers, int) or isinstance(self.reward_workers, bool) or self.reward_workers < 1:
-            p.append(f"{s}.reward_workers must be an integer >= 1, got {self.reward_workers!r}. Use 1 or more.")
-        if self.reward_pool not in ("thread", "process"):
-            p.append(f"{s}.reward_pool must be one of ['thread', 'process'], got {self.reward_pool!r}.")
-        if not _is_real(self.reward_timeout_s) or self.reward_timeout_s <= 0:
-            p.append(f"{s}.reward_timeout_s must be a number > 0, got {self.reward_timeout_s!r}. E.g. 60 (seconds).")
-        if self.reward_error not in ("fail", "zero"):
-            p.append(
-                f"{s}.reward_error must be one of ['fail', 'zero'], got {self.reward_error!r}. "
-                "'fail' stops the run on a failed call, 'zero' scores it 0."
-            )
-        if p:
-            raise ConfigError(p)
 
     @property
     def weights(self) -> list[float]:
@@ -155,26 +146,3 @@ class RewardConfig:
         if self.reward_weights is None:
             return [1.0] * len(self.reward_funcs)
         return [float(w) for w in self.reward_weights]
-
-    def to_dict(self) -> dict[str, Any]:
-        """A plain ``dict`` that :meth:`from_dict` accepts back."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RewardConfig:
-        """Build from a mapping (e.g. the YAML ``rewards`` section); unknown keys are refused with the valid ones.
-
-        Raises:
-            ConfigError: Unknown keys or invalid values.
-        """
-        if not isinstance(data, Mapping):
-            raise ConfigError(f"{cls.SECTION} must be a mapping of keys to values, got {data!r}.")
-        valid = [f.name for f in dataclasses.fields(cls)]
-        unknown = [k for k in data if k not in valid]
-        if unknown:
-            problems = []
-            for k in unknown:
-                hint = did_you_mean(k, valid)
-                problems.append(f"{cls.SECTION} has no key {k!r}.{hint} Valid keys: {', '.join(valid)}.")
-            raise ConfigError(problems)
-        return cls(**dict(data))

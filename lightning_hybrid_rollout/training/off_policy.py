@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import Tensor
+
+from lightning_hybrid_rollout.config.base import Checker, ConfigBase
+from lightning_hybrid_rollout.config.fields import choice, real
 
 LEVELS: tuple[str, ...] = ("token", "sequence")
 """Accepted values of :attr:`OffPolicyCorrection.level`."""
@@ -27,8 +30,8 @@ DEFAULT_BOUNDS = (0.5, 2.0)
 _MAX_LOG_RATIO = 20.0  # exp(±20) bounds a weight before truncation or masking (verl's safety bound)
 
 
-@dataclass(frozen=True)
-class OffPolicyCorrection:
+@dataclass
+class OffPolicyCorrection(ConfigBase):
     """Importance weight ``w = pi_old / pi_rollout`` per token (or per sequence), truncated or masked.
 
     Example::
@@ -36,34 +39,33 @@ class OffPolicyCorrection:
         GRPOModule(use_rollout_log_probs=False, off_policy_correction=OffPolicyCorrection("sequence", "mask"))
     """
 
-    level: Literal["token", "sequence"] = "token"
+    level: Literal["token", "sequence"] = choice("token", LEVELS, fix="Use token (TIS/IcePop per token) or sequence.")
     """``token``: one weight per token; ``sequence``: one weight per response, the geometric mean of its tokens'
     ratios over the trained tokens, ``exp(mean_t log(pi_old / pi_rollout))``."""
-    mode: Literal["truncate", "mask"] = "truncate"
+    mode: Literal["truncate", "mask"] = choice("truncate", MODES, fix="Use truncate (TIS) or mask (IcePop).")
     """``truncate``: ``min(w, cap)`` (TIS); ``mask``: weight 0 where ``w`` lies outside ``[low, high]`` (IcePop)."""
-    cap: float | None = None
+    cap: float | None = real(None, above=0.0, nullable=True, fix="E.g. 2.0 (the default).")
     """Truncate mode only: the largest weight (> 0); default 2.0."""
-    low: float | None = None
+    low: float | None = real(None, at_least=0.0, nullable=True, fix="E.g. 0.5 (the default).")
     """Mask mode only: tokens (sequences) with ``w < low`` get weight 0 (>= 0, < ``high``); default 0.5."""
-    high: float | None = None
+    high: float | None = real(None, above=0.0, nullable=True, fix="E.g. 2.0 (the default).")
     """Mask mode only: tokens (sequences) with ``w > high`` get weight 0 (> ``low``); default 2.0."""
 
-    def __post_init__(self) -> None:
-        if self.level not in LEVELS:
-            raise ValueError(f"off_policy_correction.level must be one of {list(LEVELS)}, got {self.level!r}")
-        if self.mode not in MODES:
-            raise ValueError(f"off_policy_correction.mode must be one of {list(MODES)}, got {self.mode!r}")
-        if self.mode == "truncate":
-            if self.low is not None or self.high is not None:
-                raise ValueError("off_policy_correction.low/high are for mode: mask; truncate takes cap")
-            if self.cap is not None and not self.cap > 0:
-                raise ValueError(f"off_policy_correction.cap must be > 0, got {self.cap}")
-            return
-        if self.cap is not None:
-            raise ValueError("off_policy_correction.cap is for mode: truncate; mask takes low and high")
-        low, high = self.bounds
-        if not (low >= 0 and low < high):
-            raise ValueError(f"off_policy_correction needs 0 <= low < high, got low={low}, high={high}")
+    SECTION: ClassVar[str] = "off_policy_correction"
+
+    def check(self, c: Checker) -> None:
+        if self.mode == "truncate" and (self.low is not None or self.high is not None):
+            key = "low" if self.low is not None else "high"
+            fix = "Truncate takes cap; low/high are for mode: mask."
+            c.add(key, "null with mode: truncate", getattr(self, key), fix)
+        if self.mode == "mask":
+            if self.cap is not None:
+                c.add("cap", "null with mode: mask", self.cap, "Mask takes low and high; cap is for mode: truncate.")
+            low, high = self.bounds
+            if not low < high:
+                c.problems.append(
+                    f"{self.SECTION} needs 0 <= low < high, got low={low}, high={high}. E.g. low: 0.5, high: 2.0."
+                )
 
     @property
     def bounds(self) -> tuple[float, float]:

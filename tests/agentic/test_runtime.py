@@ -250,7 +250,7 @@ def test_a_slow_tool_does_not_hold_the_loop_other_episodes_keep_generating(smoll
 
 
 def test_bad_input_is_one_line_before_anything_starts(smollm2_tokenizer) -> None:
-    with pytest.raises(ConfigError, match="max_turns must be an integer >= 1"):
+    with pytest.raises(ConfigError, match="max_turns must be >= 1"):
         AgenticConfig(tools=("x.py:f",), max_turns=0)
 
     def undocumented(a: int) -> int:

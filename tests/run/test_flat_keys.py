@@ -62,7 +62,7 @@ def test_a_yaml_flat_key_is_one_line_naming_its_new_section() -> None:
         "cb.reward_funcs: `reward_funcs` moved into the `rewards:` section (rewards: {reward_funcs: ...}).",
     ]
     assert check_callback_args("cb", {"rollout": {"model_path": "m"}, "rewards": {"reward_fns": []}}) == [
-        "cb.rewards: rewards has no key 'reward_fns'. Did you mean 'reward_funcs'? Valid keys: "
+        "cb.rewards has no key 'reward_fns'. Did you mean 'reward_funcs'? Valid keys: "
         + ", ".join(k for k, v in FLAT_KEYS.items() if v == "rewards")
         + "."
     ]

@@ -62,9 +62,9 @@ def test_the_callback_takes_the_agentic_section_and_refuses_bad_ones_at_once() -
     )
     assert cb.run.agentic.enabled and cb.run.agentic.max_turns == 3 and cb.run.agentic.environment_kwargs == {"k": 1}
     assert cb.run.agentic.tool_workers == 32
-    with pytest.raises(ConfigError, match="tool_workers must be an integer >= 1"):
+    with pytest.raises(ConfigError, match="tool_workers must be >= 1"):
         HybridRolloutCallback(RolloutConfig(model_path="m"), agentic={"tools": ["t.py:f"], "tool_workers": 0})
     with pytest.raises(ConfigError, match="log_rollouts must be an integer >= 0"):
         HybridRolloutCallback(RolloutConfig(model_path="m"), log_rollouts=-1)
-    with pytest.raises(ConfigError, match="environment_kwargs is set but environment is not"):
+    with pytest.raises(ConfigError, match="environment_kwargs must be empty when no environment is set"):
         HybridRolloutCallback(RolloutConfig(model_path="m"), agentic={"environment_kwargs": {"k": 1}})

@@ -37,7 +37,7 @@ def test_a_path_object_becomes_a_string() -> None:
     [
         ({"path": ""}, "dataset.path must be a file or directory path"),
         ({"path": []}, "dataset.path must be a file or directory path"),
-        ({"prompt_column": ""}, "dataset.prompt_column must be a column name"),
+        ({"prompt_column": ""}, "dataset.prompt_column must be a non-empty string"),
         ({"chat_template": "yes"}, "dataset.chat_template must be null, true or false, got 'yes'"),
         ({"shuffle": 1}, "dataset.shuffle must be a bool"),
         ({"seed": -1}, "dataset.seed must be null or an integer >= 0, got -1"),
