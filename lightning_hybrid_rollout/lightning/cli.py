@@ -7,6 +7,7 @@ Usage::
     lhr simulate --preset verl_32_devices [--json] [--plot DIR]
     lhr plan --from-run RUN_DIR --devices 32 [--json] [--plot DIR]
     lhr report RUN_DIR
+    lhr settings [SECTION ...]
 
 ``fit``/``validate`` are Lightning's own subcommands: the model, the data module, the strategy and the
 ``HybridRolloutCallback`` are all configurable by ``class_path`` in one YAML file.
@@ -105,6 +106,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         from lightning_hybrid_rollout.analysis.report import report_main
 
         raise SystemExit(report_main(args[1:]))
+    if args and args[0] == "settings":
+        raise SystemExit(settings_main(args[1:]))
     if args and args[0] == "prepare-model":
         from lightning_hybrid_rollout.models.prepare_model_cli import prepare_model_main
 
@@ -129,6 +132,46 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(2) from None
     finally:
         close_process_group()
+
+
+def _sections() -> dict[str, type]:
+    from lightning_hybrid_rollout.agentic.config import AgenticConfig
+    from lightning_hybrid_rollout.config import AsyncTrainingConfig, RolloutConfig, TinyModelConfig
+    from lightning_hybrid_rollout.rewards.config import RewardConfig
+    from lightning_hybrid_rollout.sources.config import DatasetConfig
+    from lightning_hybrid_rollout.training.off_policy import OffPolicyCorrection
+
+    classes = (
+        RolloutConfig,
+        AsyncTrainingConfig,
+        DatasetConfig,
+        RewardConfig,
+        AgenticConfig,
+        TinyModelConfig,
+        OffPolicyCorrection,
+    )
+    return {cls.SECTION: cls for cls in classes}
+
+
+def settings_main(args: Sequence[str]) -> int:
+    """``lhr settings [SECTION ...]``: each section's keys, defaults, accepted values and meaning (all sections when
+    none is named); an unknown name is one line with the known ones."""
+    from lightning_hybrid_rollout.config.settings_table import settings_table
+    from lightning_hybrid_rollout.did_you_mean import did_you_mean
+
+    sections = _sections()
+    names = list(args) or list(sections)
+    unknown = [n for n in names if n not in sections]
+    if unknown:
+        print(
+            f"lhr settings: no section {unknown[0]!r}.{did_you_mean(unknown[0], list(sections))} "
+            f"Sections: {', '.join(sections)}.",
+            file=sys.stderr,
+        )
+        return 2
+    for name in names:
+        sys.stdout.write(f"## {name}\n\n{settings_table(sections[name])}\n\n")
+    return 0
 
 
 def close_process_group() -> None:
