@@ -14,20 +14,26 @@ class HybridRolloutError(Exception):
     """Base class of every error this package raises on purpose."""
 
 
+def _problems_message(problems: list[str], what: str) -> str:
+    if len(problems) == 1:
+        return problems[0]
+    return f"{len(problems)} invalid {what} values:\n" + "\n".join(f"  - {p}" for p in problems)
+
+
 class ConfigError(HybridRolloutError, ValueError):
     """A configuration value is invalid. ``problems`` holds one message per bad value (key, value seen, fix)."""
 
     def __init__(self, problems: str | Iterable[str]) -> None:
         self.problems: list[str] = [problems] if isinstance(problems, str) else list(problems)
-        if len(self.problems) == 1:
-            message = self.problems[0]
-        else:
-            message = f"{len(self.problems)} invalid config values:\n" + "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(message)
+        super().__init__(_problems_message(self.problems, "config"))
 
 
 class ScenarioError(HybridRolloutError, ValueError):
-    """A scenario value is invalid; the message names the field, the value seen and what to do."""
+    """A scenario value is invalid; ``problems`` holds one line per bad value (field, value seen, what to do)."""
+
+    def __init__(self, problems: str | Iterable[str]) -> None:
+        self.problems: list[str] = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__(_problems_message(self.problems, "scenario"))
 
 
 class CalibrationError(HybridRolloutError, ValueError):

@@ -180,7 +180,7 @@ class DynamicSchedulePolicyBase(ABC):
     def activate_replica_count(self, global_steps: int, ctx: DynamicScheduleContext, num_hybrid_replicas: int) -> int:
         """Right after :meth:`should_activate_after_step` said True: how many of the hybrid replicas to lend.
 
-        All of them by default (the seed's all-or-nothing). Asked only by a controller that lends subsets (built with
+        All of them by default (all-or-nothing, as verl). Asked only by a controller that lends subsets (built with
         ``num_hybrid_replicas``); the answer is clamped to [1, n] and the subset stays fixed until the next
         deactivation.
 

@@ -292,7 +292,7 @@ class DynamicResourceController:
         return None if k >= n else tuple(range(k))
 
     def _call(self, method: str) -> None:
-        """One pool method, on the current subset when there is one (the seed's no-argument call otherwise)."""
+        """One pool method, on the current subset when there is one (the all-replica, no-argument call otherwise)."""
         if self._subset is None or method == "rebalance_requests":
             getattr(self._pool, method)()
         else:

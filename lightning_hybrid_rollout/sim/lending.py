@@ -19,24 +19,18 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import ClassVar
 
+from lightning_hybrid_rollout.config.base import ConfigBase
+from lightning_hybrid_rollout.config.fields import integer, real
 from lightning_hybrid_rollout.errors import ScenarioError
-
-#: ``scenario.SwitchCosts`` (not imported: scenario.py imports this module).
-_Switch = TypeVar("_Switch")
+from lightning_hybrid_rollout.sim.switch_costs import SwitchCosts
 
 __all__ = ["LendingModel"]
 
 
-def _fraction(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
-        raise ScenarioError(f"lending.{name} must be a number in [0, 1], got {value!r}")
-    return float(value)
-
-
 @dataclass
-class LendingModel:
+class LendingModel(ConfigBase):
     """How the hybrid weight sync's seconds follow the replicas lent and the bytes each sync moves.
 
     For k of n replicas lent, a hybrid sync takes ``switch.hybrid_sync_s × bytes × ((1 − f) + f × k / n)`` with
@@ -47,29 +41,35 @@ class LendingModel:
     memory and its version (delta sync needs a base); without one it drops them (a full sync after each wake). The
     standalone sync moves one version's delta (``standalone_sync_s × bytes(1)``; the commit, a local load, is
     unchanged).
-
-    Args:
-        sync_per_replica_fraction: ``f``: the share of ``hybrid_sync_s`` (with all n lent) that scales with the
-            replicas synced; 0 (the default) = every replica in parallel, the same seconds for any k.
-        changed_fraction: ``c``: share of the weights' elements one training step changes (bf16 after a small RL
-            step: a few percent; None, the default: full-weight syncs).
-        index_bytes: Bytes of a changed element's index (int32: 4).
-        value_bytes: Bytes of an element's value (bf16: 2).
     """
 
-    sync_per_replica_fraction: float = 0.0
-    changed_fraction: float | None = None
-    index_bytes: int = 4
-    value_bytes: int = 2
+    SECTION: ClassVar[str] = "lending"
+    ERROR = ScenarioError
 
-    def __post_init__(self) -> None:
-        self.sync_per_replica_fraction = _fraction(self.sync_per_replica_fraction, "sync_per_replica_fraction")
-        if self.changed_fraction is not None:
-            self.changed_fraction = _fraction(self.changed_fraction, "changed_fraction")
-        for name in ("index_bytes", "value_bytes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "value_bytes" else 0):
-                raise ScenarioError(f"lending.{name} must be a non-negative integer (value_bytes >= 1), got {value!r}")
+    sync_per_replica_fraction: float = real(
+        0.0,
+        at_least=0.0,
+        at_most=1.0,
+        fix="Use 0 (every replica synced in parallel) up to 1 (the replicas synced one after another).",
+    )
+    """``f``: the share of ``hybrid_sync_s`` (with all n lent) that scales with the replicas synced; 0 (the default)
+    = every replica in parallel, the same seconds for any k."""
+
+    changed_fraction: float | None = real(
+        None,
+        at_least=0.0,
+        at_most=1.0,
+        nullable=True,
+        fix="Use null (full-weight syncs) or the share of the elements a step changes, e.g. 0.02.",
+    )
+    """``c``: share of the weights' elements one training step changes (bf16 after a small RL step: a few percent;
+    None, the default: full-weight syncs)."""
+
+    index_bytes: int = integer(4, at_least=0, fix="Use 4 (an int32 index).")
+    """Bytes of a changed element's index (int32: 4)."""
+
+    value_bytes: int = integer(2, at_least=1, fix="Use 2 (bf16) or 4 (float32).")
+    """Bytes of an element's value (bf16: 2)."""
 
     @property
     def delta(self) -> bool:
@@ -99,7 +99,7 @@ class LendingModel:
         f = self.sync_per_replica_fraction
         return full_s * self.bytes_fraction(versions_behind) * ((1.0 - f) + f * min(replicas, of) / of)
 
-    def apply(self, switch: _Switch) -> _Switch:
+    def apply(self, switch: SwitchCosts) -> SwitchCosts:
         """``switch`` with the standalone sync moving one version's delta (they are synced at every version)."""
         if not self.delta:
             return switch

@@ -29,7 +29,7 @@ def test_agentic_block_is_checked_and_off_by_default():
     assert not tiny_scenario().multi_turn
     with pytest.raises(ScenarioError, match="max_turns"):
         tiny_scenario(agentic={"min_turns": 3, "max_turns": 2})
-    with pytest.raises(ScenarioError, match="unknown key"):
+    with pytest.raises(ScenarioError, match="agentic has no key 'turns'"):
         tiny_scenario(agentic={"turns": 3})
 
 

@@ -69,7 +69,7 @@ def test_lending_model_costs_and_delta_bytes():
     assert delta.bytes_fraction(1) == pytest.approx(0.06)  # (4 + 2) / 2 bytes per changed element
     assert delta.bytes_fraction(3) == pytest.approx((1 - 0.98**3) * 3)
     assert delta.bytes_fraction(100) == 1.0 and delta.bytes_fraction(None) == 1.0 and delta.bytes_fraction(0) == 0
-    with pytest.raises(ScenarioError, match=r"lending.changed_fraction must be a number in \[0, 1\]"):
+    with pytest.raises(ScenarioError, match=r"lending.changed_fraction must be null or a number in \[0, 1\], got 1.5"):
         LendingModel(changed_fraction=1.5)
 
 

@@ -5,16 +5,22 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from lightning_hybrid_rollout.config import AsyncTrainingConfig, derived_counts
+from lightning_hybrid_rollout.config import AsyncTrainingConfig, derived_counts, field_docs
+from lightning_hybrid_rollout.config.fields import field_rule
 from lightning_hybrid_rollout.sim import (
+    AgenticModel,
     LengthModel,
+    LoraModel,
     ReplicaModel,
     RunSpec,
     Scenario,
     ScenarioError,
+    SwitchCosts,
+    TrainerModel,
     get_preset,
     preset_names,
 )
+from lightning_hybrid_rollout.sim.lending import LendingModel
 
 
 def test_presets_load_and_are_named_for_their_regime():
@@ -56,14 +62,20 @@ _RUN = {"name": "a", "train_devices": 4, "rollout_devices": 4}
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"steps": 0}, "steps must be an integer >= 1"),
+        ({"steps": 0}, "steps must be >= 1, got 0"),
         ({"async_training": {"staleness_threshold": -1}}, "async_training.staleness_threshold must be a number >= 0"),
         ({"async_training": {"mini_batch_size": 0}}, "async_training.mini_batch_size must be >= 1"),
         ({"async_training": {"stalenes_threshold": 0.1}}, "Did you mean 'staleness_threshold'"),
-        ({"lengths": {"mean_tokens": 0}}, "lengths.mean_tokens must be a finite number > 0"),
-        ({"lengths": {"min_tokens": 10, "max_tokens": 5}}, "lengths.max_tokens"),
-        ({"lengths": {"mean_schedule": [[2, 1.0], [1, 2.0]]}}, "versions must increase"),
-        ({"bogus": 1}, "unknown key"),
+        ({"lengths": {"mean_tokens": 0}}, "lengths.mean_tokens must be a number > 0, got 0"),
+        (
+            {"lengths": {"min_tokens": 10, "max_tokens": 5}},
+            r"lengths.max_tokens must be >= lengths.min_tokens \(10\), got 5",
+        ),
+        (
+            {"lengths": {"mean_schedule": [[2, 1.0], [1, 2.0]]}},
+            r"lengths.mean_schedule\[1\]\[0\] must be > 2 .*, got 1.0. The points' versions must increase",
+        ),
+        ({"bogus": 1}, "Scenario has no key 'bogus'"),
         ({"runs": [{"name": "a", "train_devices": 1, "rollout_devices": 0}]}, "rollout_devices must be > 0"),
         ({"runs": [{"name": "a", "train_devices": 1, "rollout_devices": 3}]}, "multiple of replica.devices"),
         (
@@ -159,3 +171,70 @@ def test_replica_throughput_is_capped_by_concurrency_and_kv_cache():
     assert m.throughput(40, 16) == 160.0  # beyond the limit the extra samples wait
     assert m.run_limit(16, 250.0) == 4  # only 4 contexts of 250 tokens fit
     assert m.run_limit(16, 1e9) == 1
+
+
+#: Every section of a scenario, and the arguments it needs besides the one under test.
+_SECTIONS = {
+    LengthModel: {},
+    ReplicaModel: {},
+    TrainerModel: {},
+    SwitchCosts: {},
+    AgenticModel: {},
+    LoraModel: {},
+    LendingModel: {},
+    RunSpec: {"name": "a", "train_devices": 4, "rollout_devices": 4},
+    Scenario: {"name": "x"},
+}
+
+
+@pytest.mark.parametrize(
+    ("cls", "field", "bad"),
+    [
+        (LengthModel, "mean_tokens", 0),
+        (LengthModel, "min_tokens", 0),
+        (LengthModel, "drift_per_step", -1.5),
+        (ReplicaModel, "devices", 0),
+        (ReplicaModel, "kv_cache_tokens", -1),
+        (TrainerModel, "device_s_per_token", 0.0),
+        (SwitchCosts, "wake_s", -0.5),
+        (AgenticModel, "tool_output_tokens", -1),
+        (LoraModel, "kv_fraction", 1.5),
+        (LoraModel, "enabled", "yes"),
+        (LendingModel, "sync_per_replica_fraction", -0.1),
+        (LendingModel, "value_bytes", 0),
+        (RunSpec, "train_devices", 0),
+        (Scenario, "group_size", 0),
+        (Scenario, "seed", -1),
+    ],
+)
+def test_a_value_breaking_a_fields_declared_rule_is_one_line_naming_section_field(cls, field, bad):
+    with pytest.raises(ScenarioError) as err:
+        cls(**{**_SECTIONS[cls], field: bad})
+    key = f"{cls.SECTION}.{field}" if cls.SECTION else field  # the scenario's own keys are top-level
+    message = str(err.value)
+    assert message.startswith(f"{key} must be "), message
+    assert f"got {bad!r}." in message and err.value.problems == [message]
+
+
+@pytest.mark.parametrize("cls", list(_SECTIONS), ids=lambda c: c.__name__)
+def test_every_field_of_every_section_is_declared_and_documented(cls):
+    fields = cls.field_names()
+    docs = field_docs(cls)
+    assert [f for f in fields if field_rule(cls.__dataclass_fields__[f]) is None] == []
+    assert [f for f in fields if not docs.get(f)] == []
+
+
+def test_sections_coerce_integers_to_floats_accept_mappings_or_null_and_name_the_run():
+    assert LendingModel(sync_per_replica_fraction=1).sync_per_replica_fraction == 1.0
+    lm = LengthModel(mean_tokens=1000, mean_schedule=[(0, 1), (5, 2)])
+    assert isinstance(lm.mean_tokens, float) and lm.mean_schedule == [[0.0, 1.0], [5.0, 2.0]]
+    sc = Scenario(name="x", lengths={"mean_tokens": 100}, switch=None, runs=[dict(_RUN)])
+    assert sc.lengths == LengthModel(mean_tokens=100.0) and sc.switch == SwitchCosts() and sc.runs[0].name == "a"
+    with pytest.raises(ScenarioError, match=r"^runs\[a\] has no key 'trian_devices'. Did you mean 'train_devices'"):
+        Scenario.from_dict({"name": "x", "runs": [{"name": "a", "trian_devices": 4, "rollout_devices": 4}]})
+    with pytest.raises(
+        ScenarioError, match=r"^runs\[a\]\.train_devices must be >= 1, got 0\."
+    ):  # in a scenario: which run
+        Scenario.from_dict({"name": "x", "runs": [{"name": "a", "train_devices": 0, "rollout_devices": 4}]})
+    with pytest.raises(ScenarioError, match=r"^runs\[1\]\.name is missing\."):
+        Scenario.from_dict({"name": "x", "runs": [dict(_RUN), {"train_devices": 4, "rollout_devices": 4}]})
