@@ -8,20 +8,45 @@ replicas against verl v1's switch rule (``dynamic_hysteresis_ratio``), both effi
 Usage::
 
     python benchmarks/simulated_policies.py \\
-        [--presets verl_32_devices,rollout_bound,drifting,standalone_sufficient,agentic]
+        [--presets verl_32_devices,rollout_bound,drifting,standalone_sufficient,agentic] \\
+        [--partial-lending] [--changed-fraction 0.0485] [--sync-per-replica 0.5]
+
+``--partial-lending`` lets every ``rate_matched`` run lend k of n hybrid replicas; ``--changed-fraction`` makes every
+sync a delta of that share of the elements (bf16: 2-byte values, 4-byte indices; SmolLM2's measured share is
+0.0485, ``benchmarks/weight_sync.py --delta``); ``--sync-per-replica`` is the share of the hybrid sync paid once per
+lent replica (the scenario's ``lending:`` section, docs/simulator.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 from lightning_hybrid_rollout.sim import get_preset, preset_names, simulate
+from lightning_hybrid_rollout.sim.lending import LendingModel
+from lightning_hybrid_rollout.sim.scenario import Scenario
+
+
+def with_lending(sc: Scenario, *, partial: bool, changed: float | None, per_replica: float) -> Scenario:
+    """``sc`` with k-of-n lending for its ``rate_matched`` runs and the given delta and per-replica sync model."""
+    runs = []
+    for run in sc.runs:
+        changes = dict(run.async_training)
+        if partial and run.hybrid and run.policy == "rate_matched":
+            kwargs = dict(changes.get("dynamic_schedule_policy_kwargs") or {})
+            changes["dynamic_schedule_policy_kwargs"] = {**kwargs, "partial_lending": True}
+        runs.append(dataclasses.replace(run, async_training=changes))
+    lending = LendingModel(sync_per_replica_fraction=per_replica, changed_fraction=changed)
+    return dataclasses.replace(sc.with_runs(runs), lending=lending)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", default=",".join(preset_names()), help="comma-separated preset names")
+    parser.add_argument("--partial-lending", action="store_true", help="rate_matched runs lend k of n")
+    parser.add_argument("--changed-fraction", type=float, default=None, help="delta syncs of this changed share")
+    parser.add_argument("--sync-per-replica", type=float, default=0.0, help="hybrid sync share paid per replica")
     args = parser.parse_args()
     presets = [p for p in args.presets.split(",") if p]
     if "verl_32_devices" not in presets:
@@ -29,7 +54,15 @@ def main() -> None:
     speedup = None
     for name in presets:
         start = time.perf_counter()
-        result = simulate(get_preset(name))
+        scenario = get_preset(name)
+        if args.partial_lending or args.changed_fraction is not None or args.sync_per_replica:
+            scenario = with_lending(
+                scenario,
+                partial=args.partial_lending,
+                changed=args.changed_fraction,
+                per_replica=args.sync_per_replica,
+            )
+        result = simulate(scenario)
         elapsed = time.perf_counter() - start
         default = result.run("dynamic_default")
         print(f"\n{name}: balance bound {result.balance_bound_s / 3600:.2f} h (simulated in {elapsed:.1f} s)")
