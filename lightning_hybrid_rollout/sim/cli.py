@@ -358,6 +358,12 @@ def _plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-gb", type=float, help="with --sync-gbps: standalone weight sync = model-gb x 8 / sync-gbps")
     p.add_argument("--sync-gbps", type=float, help="trainer -> standalone replica bandwidth, Gbit/s (with --model-gb)")
     p.add_argument(
+        "--partial-lending",
+        action="store_true",
+        help="also try rate_matched lending k of n hybrid replicas (runs ..._k_of_n); the 'lent' column is the k "
+        "each run lent (docs/policies.md)",
+    )
+    p.add_argument(
         "--lora",
         type=float,
         metavar="FRACTION",
@@ -483,6 +489,7 @@ _PLAN_COLUMNS = (
     "hybrid gen",
     "wait",
     "switch+sync",
+    "lent",
     "stale max/mean/budget",
     "carried",
     "lag mean/max",
@@ -513,6 +520,7 @@ def _plan_rows(result: object, top: int) -> list[list[str]]:
                 f"{r.efficiency:.3f}",
                 f"x{r.speedup_vs_static:.3f}" if r.speedup_vs_static is not None else "-",
                 *(f"{100 * g[k]:.1f}%" for k in ("train", "hybrid gen", "wait", "switch+sync")),
+                f"{r.lent_replicas:.1f}/{r.hybrid_replicas}" if r.lent_replicas is not None else "-",
                 f"{st.max_samples:.0f}/{st.mean_samples:.0f}/{st.budget_samples}",
                 f"{st.carried_mean_samples:.0f}",
                 f"{st.version_lag_mean:.2f}/{st.version_lag_max}",
@@ -539,7 +547,8 @@ def _plan_title(result: object) -> str:
 
 _PLAN_NOTES = (
     "efficiency = the plan's balance bound (the best split's) / time; vs static = the best static split's time / "
-    "time; train, hybrid gen, wait, switch+sync = the trainer's time; staleness = samples counted against a version "
+    "time; train, hybrid gen, wait, switch+sync = the trainer's time; lent = hybrid replicas lent per activated "
+    "cycle (mean) / hybrid replicas of the split: the k to configure; staleness = samples counted against a version "
     "per cycle (max/mean) and the budget max_required_samples; carried = mean samples queued or in flight at a sync "
     "(generated partly under older weights); lag = param versions between the weights a trained sample was first "
     "generated under and the weights it trained (mean/max: a real run's train/staleness_mean/max)"
@@ -570,14 +579,15 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
 
     ``lhr plan (--from-run RUN_DIR | --scenario FILE | --preset NAME) --devices N [--top K] [--json | --markdown]
     [--plot DIR] [--jobs J] [--policies a,b] [--options a,b] [--steps N] [--model-gb GB --sync-gbps GBPS]
-    [--lora FRACTION] [--standalone-speed-with-hybrid F] [--hybrid-speed-ratio R]``;
+    [--partial-lending] [--lora FRACTION] [--standalone-speed-with-hybrid F] [--hybrid-speed-ratio R]``;
     ``--json`` prints exactly one JSON object (:meth:`Plan.to_json`)::
 
         {"scenario": str, "devices": int, "balance_bound_s": float, "best_static": str | null, "candidates": int,
          "rows": [{"rank", "name", "train_devices", "rollout_devices", "hybrid", "policy", "options",
                    "async_training", "time_s", "efficiency", "speedup_vs_static", "breakdown_s",
                    "staleness": {"max_samples", "mean_samples", "budget_samples", "carried_mean_samples",
-                                 "step_samples", "version_lag_mean", "version_lag_max"}, "activations", "error"}]}
+                                 "step_samples", "version_lag_mean", "version_lag_max"}, "activations",
+                   "hybrid_replicas", "lent_replicas", "error"}]}
 
     Bad input (fewer than 2 devices, no split fitting the replica size, an unknown preset or policy, a run dir
     without a trace) is one line on stderr and exit status 2.
@@ -605,7 +615,14 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
             sc = with_base_scenario(sc, scale_sync(base_scenario(sc), args.model_gb, args.sync_gbps))
         if args.lora is not None:
             sc = with_base_scenario(sc, with_lora(base_scenario(sc), args.lora))
-        result = plan(sc, args.devices, jobs=args.jobs, policies=names(args.policies), option_sets=names(args.options))
+        result = plan(
+            sc,
+            args.devices,
+            jobs=args.jobs,
+            policies=names(args.policies),
+            option_sets=names(args.options),
+            partial_lending=args.partial_lending,
+        )
     except PlanError as err:
         parser.error(str(err))
     paths = _plot_plan(sc, result, Path(args.plot)) if args.plot else []

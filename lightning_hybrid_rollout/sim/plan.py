@@ -24,6 +24,7 @@ from typing import Any
 
 from lightning_hybrid_rollout.errors import HybridRolloutError, PlanError
 from lightning_hybrid_rollout.schedule import available_policies, policy_starting_ratio
+from lightning_hybrid_rollout.schedule.cycle import ACTIVE_HYBRID_REPLICAS
 from lightning_hybrid_rollout.sim.calibration import Calibration
 from lightning_hybrid_rollout.sim.renames import OPTION_SET_RENAMES, resolve
 from lightning_hybrid_rollout.sim.results import RunResult
@@ -131,6 +132,7 @@ def candidate_runs(
     *,
     policies: Iterable[str] | None = None,
     option_sets: Iterable[str] | None = None,
+    partial_lending: bool = False,
 ) -> list[RunSpec]:
     """Every candidate run of ``scenario``'s workload on ``devices`` devices (see the module docstring).
 
@@ -139,6 +141,8 @@ def candidate_runs(
         devices: ``N``, all devices (>= 2: a split without hybrid replicas needs a trainer and a rollout device).
         policies: Policy names for the runs with hybrid replicas (default: every registered one).
         option_sets: Names of :data:`OPTION_SETS` (default: all).
+        partial_lending: Also try each ``rate_matched`` run lending k of n hybrid replicas (``..._k_of_n``, its
+            ``partial_lending: true``); the row's :attr:`PlanRow.lent_replicas` says which k it chose.
 
     Raises:
         PlanError: ``devices < 2``, an unknown policy or option set, or no split fitting the replica sizes.
@@ -177,6 +181,11 @@ def candidate_runs(
                 runs.append(
                     RunSpec(f"dynamic_{t}_{s}_{policy}{opts.suffix}", t, s, hybrid=True, async_training=changes)
                 )
+                if partial_lending and policy == "rate_matched" and t // h > 1:
+                    kwargs = {**changes["dynamic_schedule_policy_kwargs"], "partial_lending": True}
+                    k_of_n = {**changes, "dynamic_schedule_policy_kwargs": kwargs}
+                    name = f"dynamic_{t}_{s}_{policy}_k_of_n{opts.suffix}"
+                    runs.append(RunSpec(name, t, s, hybrid=True, async_training=k_of_n))
     if not runs:
         raise PlanError(
             f"no split of {devices} devices fits the replicas: standalone replicas take {d} devices "
@@ -242,6 +251,9 @@ class PlanRow:
         breakdown_s: Where the trainer's time went (``BREAKDOWN_KEYS``, seconds).
         staleness: :class:`Staleness`.
         activations: Hybrid activations.
+        hybrid_replicas: ``n``, the split's hybrid replicas (0 without).
+        lent_replicas: The replicas lent per activated cycle, mean over those cycles (the ``k`` to configure: all
+            ``n`` unless the policy lends a subset; None when never lent).
         work_bound_s: The run's own balance bound.
         error: Why the candidate could not be simulated (then the numbers are NaN / empty).
     """
@@ -260,6 +272,8 @@ class PlanRow:
     breakdown_s: dict[str, float]
     staleness: Staleness | None
     activations: int = 0
+    hybrid_replicas: int = 0
+    lent_replicas: float | None = None
     work_bound_s: float = float("nan")
     error: str | None = None
 
@@ -292,6 +306,8 @@ class PlanRow:
             "breakdown_s": dict(self.breakdown_s),
             "staleness": dataclasses.asdict(self.staleness) if self.staleness is not None else None,
             "activations": self.activations,
+            "hybrid_replicas": self.hybrid_replicas,
+            "lent_replicas": self.lent_replicas,
             "error": self.error,
         }
 
@@ -414,6 +430,11 @@ def _options_of(spec: RunSpec) -> str:
     return "-"
 
 
+def _lent_replicas(result: RunResult) -> float | None:
+    lent = [v for s in result.steps if (v := s.get(ACTIVE_HYBRID_REPLICAS)) is not None and v > 0]
+    return statistics.fmean(lent) if lent else None
+
+
 def rank(scenario: Scenario, devices: int, specs: Sequence[RunSpec], results: Sequence[RunResult | str]) -> Plan:
     """Rank simulated candidates: fastest first (failed ones last), with efficiency and speedup over static."""
     done = [r for r in results if isinstance(r, RunResult)]
@@ -426,6 +447,7 @@ def rank(scenario: Scenario, devices: int, specs: Sequence[RunSpec], results: Se
     rows = []
     for spec, res in zip(specs, results, strict=True):
         common = {
+            "hybrid_replicas": spec.train_devices // scenario.hybrid_model.devices if spec.hybrid else 0,
             "name": spec.name,
             "train_devices": spec.train_devices,
             "rollout_devices": spec.rollout_devices,
@@ -459,6 +481,7 @@ def rank(scenario: Scenario, devices: int, specs: Sequence[RunSpec], results: Se
                 breakdown_s=dict(res.breakdown_s),
                 staleness=Staleness.of(scenario, res),
                 activations=res.activations,
+                lent_replicas=_lent_replicas(res),
                 work_bound_s=res.work_bound_s,
             )
         )
@@ -475,6 +498,7 @@ def plan(
     jobs: int = 1,
     policies: Iterable[str] | None = None,
     option_sets: Iterable[str] | None = None,
+    partial_lending: bool = False,
 ) -> Plan:
     """Simulate every candidate run on ``devices`` devices (:func:`candidate_runs`) and rank them by time.
 
@@ -486,12 +510,13 @@ def plan(
         jobs: Worker processes for the simulations.
         policies: Policies to try with hybrid replicas (default: every registered one).
         option_sets: :data:`OPTION_SETS` names (default: all).
+        partial_lending: Also try ``rate_matched`` lending k of n (:func:`candidate_runs`).
 
     Raises:
         PlanError: See :func:`candidate_runs`; or when no candidate could be simulated.
     """
     base = base_scenario(scenario)
-    specs = candidate_runs(base, devices, policies=policies, option_sets=option_sets)
+    specs = candidate_runs(base, devices, policies=policies, option_sets=option_sets, partial_lending=partial_lending)
     t0 = time.perf_counter()
     results = simulate_candidates(scenario, specs, jobs)
     out = rank(base, devices, specs, results)

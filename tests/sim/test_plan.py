@@ -46,6 +46,8 @@ _ROW_KEYS = {
     "breakdown_s",
     "staleness",
     "activations",
+    "hybrid_replicas",
+    "lent_replicas",
     "error",
 }
 _STALENESS_KEYS = {
