@@ -147,6 +147,8 @@ class CycleReport:
             onload_s=float(onload_s),
             overlap_saved_s=saved_s,
             hybrid_active=self.hybrid_active,
+            # k of n lending: how many are lent now (None: the ledger counts all of them while active)
+            active_hybrid_replicas=self.controller.active_replica_count if self.controller is not None else None,
         )
 
     def emit(

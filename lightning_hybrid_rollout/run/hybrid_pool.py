@@ -1,9 +1,10 @@
 """The controller's ``ReplicaPool`` over the real hybrid replicas, and what it asks of the trainer side.
 
 :class:`HybridReplicaPool` carries out the controller's calls (wake, sync, add, resume, remove, abort, sleep,
-rebalance) on the runtime's hybrid replicas, on the runtime's event loop; before a wake it asks the trainer for the
-devices through a :class:`TrainerLink` (the callback's rank protocol offloads every rank). :class:`OverlapReport`
-holds the timings of an ``overlap_sync`` preparation.
+rebalance) on the runtime's hybrid replicas, on the runtime's event loop, on all of them or on the subset the
+controller lends (k of n: the others stay asleep, out of the load balancer, and catch up on the weights when next
+lent); before a wake it asks the trainer for the devices through a :class:`TrainerLink` (the callback's rank
+protocol offloads every rank). :class:`OverlapReport` holds the timings of an ``overlap_sync`` preparation.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -102,10 +103,15 @@ class NoTrainer:
 class HybridReplicaPool:
     """The controller's :class:`~lightning_hybrid_rollout.schedule.ReplicaPool` over the real hybrid replicas.
 
-    Every method tolerates being asked to undo what was never done (the controller's rollback relies on it).
-    The pool tracks whether the engines are awake and which weight version they hold: after
-    :meth:`RolloutRuntime.push_standalone_overlapped` prepared them, :meth:`wake_up_replicas` and
-    :meth:`sync_weights` are no-ops, so the activation only adds and resumes them.
+    Every method tolerates being asked to undo what was never done (the controller's rollback relies on it), and
+    takes the controller's optional ``replicas`` (indices of the hybrid replicas, for k of n lending; None: all).
+    Index ``i`` names a slot, the ``i``-th hybrid replica id as the runtime started them (``hybrid-i``), so a
+    replacement under the same id keeps the slot's index and its lent state. The pool tracks per slot whether the
+    engine is awake, registered and routed to, and which weight version it holds: a replica not lent stays asleep
+    and untouched, and the next activation that lends it pushes it from the version it holds to the current one
+    (the weight push sends a delta from that version or a full sync: :class:`~lightning_hybrid_rollout.rollout.
+    weights.delta.DeltaSync`). After :meth:`RolloutRuntime.push_standalone_overlapped` prepared some replicas,
+    :meth:`wake_up_replicas` and :meth:`sync_weights` only touch the others, so the activation adds and resumes them.
 
     Args:
         runtime: The owning runtime.
@@ -113,12 +119,18 @@ class HybridReplicaPool:
 
     def __init__(self, runtime: Any) -> None:  # the RolloutRuntime (not imported: it imports this module)
         self._rt = runtime
-        self.registered = False
-        #: The hybrid replicas take requests now (resumed, not removed since).
-        self.routing = False
-        self.awake = False
-        #: Param version the hybrid engines hold while awake (None: asleep, or not synced since they woke).
-        self.weights_version: int | None = None
+        #: Slot ids by index (captured from the runtime's hybrid replicas at the first use).
+        self._slot_ids: list[str] = []
+        self._awake: set[str] = set()
+        self._registered: set[str] = set()
+        self._routing: set[str] = set()
+        # version each awake engine was verified to hold since it woke (a sleep may drop the weights: cleared)
+        self._synced: dict[str, int] = {}
+        #: ``replica_id -> `` the last weight version verified on that replica, kept while it sleeps (a replica not
+        #: lent falls behind; the next lending brings it current).
+        self.held_versions: dict[str, int] = {}
+        #: ``replica_id -> `` the report of the last hybrid push that reached it (each push names only its replicas).
+        self.sync_reports: dict[str, Any] = {}
         #: The newest pool calls by name, oldest first (bounded for long fits; tests read the order).
         self.calls: list[str] = RecentList(256)
         #: Seconds of hybrid weight pushes not yet reported in a cycle's ``weight_sync_time_s``.
@@ -127,21 +139,116 @@ class HybridReplicaPool:
         self.last_drain = DrainReport()
         self.drain_total = DrainReport()
 
+    # ------------------------------------------------------------------------------------------------ read-only
+
     @property
     def replicas(self) -> list[Any]:
+        """The hybrid replica handles now (a failed one is gone until its replacement joins)."""
         return self._rt.hybrid
 
     @property
     def ids(self) -> list[str]:
+        """Their ids."""
         return [r.replica_id for r in self._rt.hybrid]
 
-    def _all(self, make: Callable[[Any], Coroutine[Any, Any, Any]]) -> list[Any]:
-        """``make(replica)`` on every hybrid replica at once. A replica whose actor died is skipped (the runtime's
-        ``supervise`` replaces it); any other error is raised."""
-        return self._rt.loop.run(self._all_async(make))
+    @property
+    def slot_ids(self) -> list[str]:
+        """The hybrid replica id of each index the controller names (in the order the runtime started them)."""
+        known = set(self._slot_ids)
+        self._slot_ids.extend(r.replica_id for r in self._rt.hybrid if r.replica_id not in known)
+        return list(self._slot_ids)
 
-    async def _all_async(self, make: Callable[[Any], Coroutine[Any, Any, Any]]) -> list[Any]:
-        replicas = list(self.replicas)
+    @property
+    def awake(self) -> bool:
+        """Some hybrid engine is awake (woken, or prepared by ``overlap_sync``)."""
+        return bool(self._awake)
+
+    @property
+    def registered(self) -> bool:
+        """Some hybrid replica was ever added to the load balancer."""
+        return bool(self._registered)
+
+    @property
+    def routing(self) -> bool:
+        """Some hybrid replica takes requests now (resumed, not removed since)."""
+        return bool(self._routing)
+
+    @property
+    def weights_version(self) -> int | None:
+        """The version every awake engine holds (None: none awake, or one not synced since it woke)."""
+        versions = {self._synced.get(rid) for rid in self._awake}
+        return versions.pop() if len(versions) == 1 else None
+
+    def _indices(self, ids: set[str]) -> tuple[int, ...]:
+        return tuple(i for i, rid in enumerate(self.slot_ids) if rid in ids)
+
+    @property
+    def awake_indices(self) -> tuple[int, ...]:
+        """Indices of the slots whose engines are awake."""
+        return self._indices(self._awake)
+
+    @property
+    def routing_indices(self) -> tuple[int, ...]:
+        """Indices of the slots that take requests now."""
+        return self._indices(self._routing)
+
+    def is_awake(self, replica_id: str) -> bool:
+        """Whether the slot ``replica_id`` is awake (a replacement joining it must wake and take the weights)."""
+        return replica_id in self._awake
+
+    def is_routing(self, replica_id: str) -> bool:
+        """Whether the slot ``replica_id`` takes requests (a replacement joining it is added to the load balancer)."""
+        return replica_id in self._routing
+
+    # ----------------------------------------------------------------------------------- the runtime's notices
+
+    def park_started(self) -> None:
+        """The runtime just started the hybrid replicas: fix each slot's index (the order they started in, which a
+        replacement does not change) and park every engine, outside the load balancer."""
+        self._slot_ids = [r.replica_id for r in self._rt.hybrid]
+        self._all(lambda r: r.sleep())
+
+    def replica_failed(self, replica_id: str) -> None:
+        """The slot's replica died: its replacement holds no weights this pool verified."""
+        self._synced.pop(replica_id, None)
+        self.held_versions.pop(replica_id, None)
+
+    def replica_joined(self, replica_id: str, version: int | None) -> None:
+        """A replacement joined the slot, verified to hold ``version`` (None: only its weights from disk)."""
+        if version is None:
+            return
+        self.held_versions[replica_id] = version
+        if replica_id in self._awake:
+            self._synced[replica_id] = version
+
+    # ----------------------------------------------------------------------------------------------- internals
+
+    def _chosen(self, replicas: Sequence[int] | None) -> tuple[list[str], list[Any]]:
+        """``(slot ids, live handles)`` of ``replicas`` (None: every hybrid replica)."""
+        slots = self.slot_ids
+        if replicas is None:
+            ids = slots
+        else:
+            bad = [i for i in replicas if not 0 <= int(i) < len(slots)]
+            if bad:
+                raise IndexError(f"hybrid replica indices {bad} out of range({len(slots)})")
+            ids = [slots[int(i)] for i in replicas]
+        wanted = set(ids)
+        return ids, [r for r in self._rt.hybrid if r.replica_id in wanted]
+
+    def _label(self, name: str, replicas: Sequence[int] | None, note: str = "") -> str:
+        subset = "" if replicas is None else f" {sorted(int(i) for i in replicas)}"
+        return f"{name}{subset}{f' ({note})' if note else ''}"
+
+    def _all(self, make: Callable[[Any], Coroutine[Any, Any, Any]], replicas: Sequence[Any] | None = None) -> list[Any]:
+        """``make(replica)`` on each of ``replicas`` (default: every hybrid replica) at once. A replica whose actor
+        died is skipped (the runtime's ``supervise`` replaces it); any other error is raised."""
+        return self._rt.loop.run(self._all_async(make, replicas))
+
+    async def _all_async(
+        self, make: Callable[[Any], Coroutine[Any, Any, Any]], replicas: Sequence[Any] | None = None
+    ) -> list[Any]:
+        replicas = list(self.replicas if replicas is None else replicas)
         timeout = self._rt.rollout.replica_health_timeout_s
 
         async def one(replica: Any) -> Any:
@@ -162,49 +269,78 @@ class HybridReplicaPool:
             raise fatal[0]
         return [g for g in got if not isinstance(g, BaseException)]
 
-    def wake_up_replicas(self) -> None:
-        if self.awake:  # prepared under the standalone sync (overlap_sync)
-            self.calls.append("wake_up_replicas (no-op: awake)")
+    def _record_sync(self, report: Any, pushed: Sequence[Any], version: int) -> None:
+        """Each pushed replica whose checksum the report verified holds ``version`` now (all of them when the push
+        had nothing to send: no weights, the engines keep what they loaded)."""
+        checksums = getattr(report, "replica_checksums", None)
+        expected = getattr(report, "checksum", None)
+        for r in pushed:
+            rid = r.replica_id
+            if isinstance(checksums, dict) and expected and checksums.get(rid) != expected:
+                self._synced.pop(rid, None)  # died under the push: the next supervise() replaces it
+                continue
+            self._synced[rid] = version
+            self.held_versions[rid] = version
+            if report is not None:
+                self.sync_reports[rid] = report
+
+    # ------------------------------------------------------------------------------------------- ReplicaPool
+
+    def wake_up_replicas(self, replicas: Sequence[int] | None = None) -> None:
+        ids, handles = self._chosen(replicas)
+        asleep = [r for r in handles if r.replica_id not in self._awake]
+        if not asleep and all(rid in self._awake for rid in ids):  # prepared under the standalone sync
+            self.calls.append(self._label("wake_up_replicas", replicas, "no-op: awake"))
             return
-        self.calls.append("wake_up_replicas")
+        self.calls.append(self._label("wake_up_replicas", replicas))
         self._rt.trainer.need_devices()
-        self._rt.set_state(self.ids, "switching")
-        self._all(lambda r: r.wake_up())
-        self.awake = True
+        woken = [r.replica_id for r in asleep]
+        self._rt.set_state(woken, "switching")
+        self._all(lambda r: r.wake_up(), asleep)
+        self._awake.update(ids)  # a slot being replaced counts too: its replacement joins awake
 
-    def sync_weights(self) -> None:
+    def sync_weights(self, replicas: Sequence[int] | None = None) -> None:
         version = self._rt.trainer.weight_version()
-        if self.awake and self.weights_version == version:  # prepared under the standalone sync (overlap_sync)
-            self.calls.append("sync_weights (no-op: current)")
+        _, handles = self._chosen(replicas)
+        stale = [r for r in handles if self._synced.get(r.replica_id) != version]
+        if not stale:  # prepared under the standalone sync (overlap_sync), or nothing to push to
+            self.calls.append(self._label("sync_weights", replicas, "no-op: current"))
             return
-        self.calls.append("sync_weights")
-        self._rt.set_state(self.ids, "syncing")
+        self.calls.append(self._label("sync_weights", replicas))
+        ids = [r.replica_id for r in stale]
+        self._rt.set_state(ids, "syncing")
         t0 = time.monotonic()
-        self._rt.push(self._rt.trainer.cycle_weights(), self.replicas, version)
-        self._rt.last_hybrid_sync_report = self._rt.last_sync_report
+        report, _ = self._rt.loop.run(self._rt.push_async(self._rt.trainer.cycle_weights(), stale, version))
+        if report is not None:
+            self._rt.last_sync_report = report
+            self._rt.last_hybrid_sync_report = report
         self.cycle_sync_s += time.monotonic() - t0
-        self.weights_version = version
-        self._rt.set_state(self.ids, "switching")
+        self._record_sync(report, stale, version)
+        self._rt.set_state(ids, "switching")
 
-    async def wake_and_sync_async(self, weights: list[tuple[str, Any]], version: int) -> tuple[float, float]:
-        """Wake the hybrid engines, then push ``weights`` to them, on the runtime's loop (``overlap_sync``).
+    async def wake_and_sync_async(
+        self, weights: list[tuple[str, Any]], version: int, replicas: Sequence[int] | None = None
+    ) -> tuple[float, float]:
+        """Wake the hybrid engines (``replicas``: those only), then push ``weights`` to them, on the runtime's loop
+        (``overlap_sync``).
 
         Unlike :meth:`wake_up_replicas` it does not call ``trainer.need_devices()``: the caller offloaded the
         training state first (on the trainer's thread, with every rank). Returns the clock readings
         ``(woken_s, synced_s)``.
         """
-        self.calls.append("wake_up_replicas (overlapped)")
-        self._rt.set_state(self.ids, "switching")
-        await self._all_async(lambda r: r.wake_up())
-        self.awake = True
+        ids, handles = self._chosen(replicas)
+        self.calls.append(self._label("wake_up_replicas", replicas, "overlapped"))
+        self._rt.set_state(ids, "switching")
+        await self._all_async(lambda r: r.wake_up(), handles)
+        self._awake.update(ids)
         woken_s = time.monotonic()
-        self.calls.append("sync_weights (overlapped)")
-        self._rt.set_state(self.ids, "syncing")
-        report, _ = await self._rt.push_async(weights, self.replicas, version)
+        self.calls.append(self._label("sync_weights", replicas, "overlapped"))
+        self._rt.set_state(ids, "syncing")
+        report, _ = await self._rt.push_async(weights, handles, version)
         if report is not None:
             self._rt.last_hybrid_sync_report = report
-        self.weights_version = version
-        self._rt.set_state(self.ids, "switching")
+        self._record_sync(report, handles, version)
+        self._rt.set_state(ids, "switching")
         synced_s = time.monotonic()
         self.cycle_sync_s += synced_s - woken_s
         return woken_s, synced_s
@@ -214,43 +350,53 @@ class HybridReplicaPool:
         seconds, self.cycle_sync_s = self.cycle_sync_s, 0.0
         return seconds
 
-    def add_replicas(self) -> None:
-        self.calls.append("add_replicas")
-        self._rt.rollouter.add_replicas(self.replicas, paused=True)
-        self.registered = True
+    def add_replicas(self, replicas: Sequence[int] | None = None) -> None:
+        self.calls.append(self._label("add_replicas", replicas))
+        _, handles = self._chosen(replicas)
+        self._rt.rollouter.add_replicas(handles, paused=True)
+        self._registered.update(r.replica_id for r in handles)
 
-    def resume_generation_replicas(self) -> None:
-        self.calls.append("resume_generation_replicas")
-        self._rt.rollouter.resume_generation_replicas(self.ids)
-        self.routing = True
-        self._rt.set_state(self.ids, "active")
+    def resume_generation_replicas(self, replicas: Sequence[int] | None = None) -> None:
+        self.calls.append(self._label("resume_generation_replicas", replicas))
+        ids, handles = self._chosen(replicas)
+        live = [r.replica_id for r in handles if r.replica_id in self._registered]
+        self._rt.rollouter.resume_generation_replicas(live)
+        self._routing.update(ids)
+        self._rt.set_state(live, "active")
 
-    def remove_replicas(self) -> None:
-        self.calls.append("remove_replicas")
-        self.routing = False
-        if self.registered:
-            self._rt.rollouter.remove_replicas(self.ids)
-        self._rt.set_state(self.ids, "switching")
+    def remove_replicas(self, replicas: Sequence[int] | None = None) -> None:
+        self.calls.append(self._label("remove_replicas", replicas))
+        ids, handles = self._chosen(replicas)
+        self._routing.difference_update(ids)
+        registered = [r.replica_id for r in handles if r.replica_id in self._registered]
+        if registered:
+            self._rt.rollouter.remove_replicas(registered)
+        self._rt.set_state([r.replica_id for r in handles], "switching")
 
-    def abort_replicas(self) -> None:
+    def abort_replicas(self, replicas: Sequence[int] | None = None) -> None:
         """Abort the hybrid replicas' in-flight requests; with ``rollout.deactivation_drain_s > 0`` those that will
         finish within that budget complete first (a drain). Returns once none is left on them either way."""
-        self.calls.append("abort_replicas")
+        self.calls.append(self._label("abort_replicas", replicas))
         self.last_drain = DrainReport()
-        if not self.registered:
+        _, handles = self._chosen(replicas)
+        registered = [r.replica_id for r in handles if r.replica_id in self._registered]
+        if not registered:  # never added (not lent, or the activation failed before): nothing can be in flight
             return
         budget = float(getattr(self._rt.rollout, "deactivation_drain_s", 0.0))
-        self.last_drain = self._rt.rollouter.drain_replicas(self.ids, budget)
+        self.last_drain = self._rt.rollouter.drain_replicas(registered, budget)
         self.drain_total = self.drain_total + self.last_drain
         if self.last_drain.requests:
             log.debug("hybrid deactivation (drain budget %.3fs): %s", budget, self.last_drain)
 
-    def sleep_replicas(self) -> None:
-        self.calls.append("sleep_replicas")
-        self._all(lambda r: r.sleep())
-        self.awake = False
-        self.weights_version = None
-        self._rt.set_state(self.ids, "parked")
+    def sleep_replicas(self, replicas: Sequence[int] | None = None) -> None:
+        self.calls.append(self._label("sleep_replicas", replicas))
+        ids, handles = self._chosen(replicas)
+        # every chosen engine, awake or not by the books: a failed wake may have woken some of them
+        self._all(lambda r: r.sleep(), handles)
+        self._awake.difference_update(ids)
+        for rid in ids:
+            self._synced.pop(rid, None)
+        self._rt.set_state([r.replica_id for r in handles], "parked")
 
     def rebalance_requests(self) -> None:
         self.calls.append("rebalance_requests")

@@ -162,13 +162,6 @@ class HybridRun:
             only_hybrid=a.only_hybrid,
             **a.dynamic_schedule_policy_kwargs,
         )
-        if getattr(self.policy, "partial_lending", False):  # the runtime's pool lends all hybrid replicas or none
-            raise ConfigError(
-                [
-                    "async_training.dynamic_schedule_policy_kwargs.partial_lending: lending k of n hybrid replicas "
-                    "runs in the simulator only so far (lhr simulate); drop it for a real fit"
-                ]
-            )
         per_replica = r.gpus_per_replica if r.gpus_per_replica > 0 else r.cpus_per_replica
         #: The per-cycle core (shared with the simulator): every context field and cycle metric comes from it.
         self.ledger = CycleLedger(
@@ -577,7 +570,9 @@ class HybridRun:
         if rt.colocated_fallback and not self.controller.is_hybrid_active:
             # no standalone replica left: the hybrid replicas are the only ones that can generate
             forced_s = self.controller.activate(global_steps)
-            end = dataclasses.replace(end, activated=True, activate_duration_s=forced_s)
+            end = dataclasses.replace(
+                end, activated=True, activate_duration_s=forced_s, active_replicas=self.controller.active_replica_count
+            )
         if end.activated:  # activate, then (verl's order) rebalance: both end by now
             t_rebalance = self.clock() - end.rebalance_duration_s
             t_sw = t_rebalance - end.activate_duration_s
@@ -678,13 +673,18 @@ class HybridRun:
 
         Runs inside the start boundary: a wake asks the rank protocol for the devices (every rank offloads).
         """
-        assert self.controller is not None
-        if self.controller.is_hybrid_active:
-            pool: ReplicaPool = self.runtime.pool
-            pool.wake_up_replicas()
-            pool.sync_weights()
-            pool.add_replicas()
-            pool.resume_generation_replicas()
+        c = self.controller
+        assert c is not None
+        if not c.is_hybrid_active:
+            return
+        pool: Any = self.runtime.pool
+        lent = c.active_replicas
+        # the checkpoint's lent subset (k of n), as the controller calls the pool; all: the no-argument calls
+        subset = {} if lent is None or len(lent) >= (c.num_hybrid_replicas or 0) else {"replicas": lent}
+        pool.wake_up_replicas(**subset)
+        pool.sync_weights(**subset)
+        pool.add_replicas(**subset)
+        pool.resume_generation_replicas(**subset)
 
 
 def _switch_totals(state: dict[str, Any]) -> dict[str, dict[str, float]]:

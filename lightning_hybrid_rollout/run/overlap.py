@@ -4,8 +4,10 @@ The policy is asked ``should_activate_after_step`` *before* the standalone weigh
 measurements so far. If it will activate, every rank offloads (the boundary's one ``"offload"``, through the rank
 protocol), then the standalone sync runs concurrently with wake -> hybrid sync; the controller's activation that
 follows finds the replicas awake and current and only adds and resumes them. If the controller then decides not to
-activate (the policy changed its mind), the prepared replicas go back to sleep. The trainer stays offloaded until the
-next cycle start onloads every rank, as after a deactivation.
+activate (the policy changed its mind), the prepared replicas go back to sleep. With k of n lending only the replicas
+the activation will lend are prepared (the controller's ``replicas_to_activate``), and any the activation did not
+lend after all go back to sleep. The trainer stays offloaded until the next cycle start onloads every rank, as after
+a deactivation.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class OverlapSync:
         self._saved_s = 0.0
         #: The newest preparations, one entry each: timings, seconds saved, whether the controller activated, any undo.
         self.events: list[dict[str, Any]] = RecentList(keep_events)
+        #: The hybrid replicas the last :meth:`will_activate` expects the activation to lend (None: all).
+        self.subset: tuple[int, ...] | None = None
 
     def will_activate(self, controller: Any, runtime: Any, global_steps: int, context: Callable[[], Any]) -> bool:
         """Ask ``should_activate_after_step`` before the standalone sync.
@@ -46,11 +50,16 @@ class OverlapSync:
         window is peeked at; ``after_sync`` takes it, as always).
         """
         c = controller
+        self.subset = None
         if c is None or c.is_hybrid_active or not c.has_hybrid or not runtime.hybrid or c.pending_cleanup:
             return False
         ctx = context()
         self._call_log.append("overlap_should_activate")
-        return bool(c.policy.should_activate_after_step(global_steps, c.is_hybrid_active, ctx))
+        if not c.policy.should_activate_after_step(global_steps, c.is_hybrid_active, ctx):
+            return False
+        # prepare only what the activation will lend: the controller asks the policy the same question after the sync
+        self.subset = c.replicas_to_activate(global_steps, ctx) if hasattr(c, "replicas_to_activate") else None
+        return True
 
     def prepare(self, runtime: Any, protocol: Any, weights: Any, version: int, cycle: int) -> float:
         """Offload every rank, then both weight syncs at once; returns the standalone sync's seconds."""
@@ -58,7 +67,8 @@ class OverlapSync:
         protocol.need_devices()  # every rank offloads before the hybrid engines wake
         t_offload = self._clock()
         runtime.trace_phase("switching", t0, t_offload, op="offload")
-        rep = runtime.push_standalone_overlapped(weights, version)
+        subset = {} if self.subset is None else {"replicas": self.subset}
+        rep = runtime.push_standalone_overlapped(weights, version, **subset)
         self._call_log.append("overlap_prepare")
         runtime.trace_phase("weight_sync", rep.start_s, rep.standalone_end_s, target="standalone", overlap="hybrid")
         if rep.end_s > rep.standalone_end_s:
@@ -74,6 +84,7 @@ class OverlapSync:
                 "wall_s": rep.wall_s,
                 "saved_s": rep.saved_s,
                 "hybrid_error": rep.hybrid_error,
+                "replicas": None if self.subset is None else list(self.subset),
             }
         )
         log.debug(
@@ -87,14 +98,27 @@ class OverlapSync:
         return rep.standalone_s
 
     def finish(self, controller: Any, runtime: Any, end: Any, cycle: int) -> None:
-        """After the controller decided: put the prepared replicas back to sleep if it did not activate them."""
+        """After the controller decided: put the prepared replicas back to sleep if it did not activate them (with
+        k of n lending: those it did not lend)."""
         event = self.events[-1]
         event["activated"] = bool(end.activated)
         pool = runtime.pool
-        if controller.is_hybrid_active or not getattr(pool, "awake", False):
+        if not getattr(pool, "awake", False):
             return
+        extra: list[int] | None = None  # None: all of them
+        if controller.is_hybrid_active:
+            lent = getattr(controller, "active_replicas", None)
+            awake = getattr(pool, "awake_indices", None)
+            if lent is None or awake is None:  # all lent (an all-or-nothing controller or pool)
+                return
+            extra = [i for i in awake if i not in lent]
+            if not extra:
+                return
         t0 = self._clock()
-        pool.sleep_replicas()
+        if extra is None:
+            pool.sleep_replicas()
+        else:
+            pool.sleep_replicas(replicas=extra)
         duration_s = self._clock() - t0
         event["undo_s"] = duration_s
         self._call_log.append("overlap_undo")

@@ -268,7 +268,7 @@ class RolloutRuntime(RuntimeQueries):
         self.standalone = [h for h in handles if h.role == "standalone"]
         self.hybrid = [h for h in handles if h.role == "hybrid"]
         if self.hybrid:
-            self.pool._all(lambda h: h.sleep())  # hybrid replicas start parked, outside the load balancer
+            self.pool.park_started()  # hybrid replicas start parked, outside the load balancer
         kv_tokens = {h.replica_id: h.info.get("kv_cache_tokens") for h in handles}
         self.tracer.describe_tracks(self.rollout.concurrent_samples_per_replica, s_cores, h_cores, kv_tokens)
         self.set_state([h.replica_id for h in self.standalone], "active")
@@ -365,8 +365,9 @@ class RolloutRuntime(RuntimeQueries):
 
         A failed replica leaves the runtime's lists (the load balancer already routes around a dead handle; its
         in-flight samples continue elsewhere from their prefix). A replacement joins only after it holds
-        ``weights`` (verified by checksum): a standalone one then takes requests; a hybrid one joins the pool
-        parked (the next activation wakes and syncs it), or awake and routable when the pool is active.
+        ``weights`` (verified by checksum): a standalone one then takes requests; a hybrid one joins its slot in
+        the pool parked (the next activation that lends the slot wakes and syncs it), or awake and routable when the
+        slot is lent now (k of n lending: the other slots stay as they are).
 
         Args:
             weights: The trainer's full weights of ``version`` (``None`` before the first gather: the replacement's
@@ -390,6 +391,8 @@ class RolloutRuntime(RuntimeQueries):
             for role_list in (self.standalone, self.hybrid):
                 if replica in role_list:
                     role_list.remove(replica)
+            if replica.role == "hybrid":
+                self.pool.replica_failed(replica.replica_id)  # its replacement holds nothing the pool verified
             self.set_state([replica.replica_id], "restarting")
             self.loop.call(lambda r=replica, w=why: sup.replace(r, w))
         self._joining.extend(self.loop.call(sup.take_ready))
@@ -407,12 +410,16 @@ class RolloutRuntime(RuntimeQueries):
     def _join(self, replica: Any, weights: list[tuple[str, Any]] | None, version: int) -> None:
         sup = self.supervisor
         rid = replica.replica_id
+        # a hybrid replacement follows its own slot: awake and current only if that slot is lent (k of n lending)
+        lent = replica.role == "hybrid" and self.pool.is_awake(rid)
+        verified: int | None = None
         try:
-            if replica.role == "standalone" or self.pool.awake:
+            if replica.role == "standalone" or lent:
                 if replica.role == "hybrid":
                     self.loop.run(replica.wake_up())
                 if weights:
                     self.loop.run(self.push_async(weights, [replica], version))  # raises unless verified
+                    verified = version
                 elif version != 0:
                     self._joining.append(replica)  # no weights of this version here: the next boundary's
                     return
@@ -427,9 +434,11 @@ class RolloutRuntime(RuntimeQueries):
             self.set_state([rid], "active")
         else:
             self.hybrid.append(replica)
-            if self.pool.routing and self.rollouter is not None:  # else the next activation adds it
+            self.pool.replica_joined(rid, verified)
+            routed = self.pool.is_routing(rid)
+            if routed and self.rollouter is not None:  # else the next activation that lends its slot adds it
                 self.rollouter.add_replicas([replica])
-            self.set_state([rid], "active" if self.pool.routing else "parked")
+            self.set_state([rid], "active" if routed else "parked")
         sup.joined(replica)
         # the slot's "restarting" span ends here; the counter marks the join
         self.tracer.counter("replica_restarts", time.monotonic(), sup.restarts)
@@ -549,18 +558,21 @@ class RolloutRuntime(RuntimeQueries):
         """
         return self.loop.run(self._push_standalone_async(weights or [], version))
 
-    def push_standalone_overlapped(self, weights: list[tuple[str, Any]] | None, version: int) -> OverlapReport:
+    def push_standalone_overlapped(
+        self, weights: list[tuple[str, Any]] | None, version: int, replicas: Sequence[int] | None = None
+    ) -> OverlapReport:
         """The standalone weight sync and, concurrently, wake + weight sync of the hybrid replicas (``overlap_sync``).
 
         Blocks for ``max(standalone sync, wake + hybrid sync)``. The caller must have offloaded the training state
-        (the hybrid engines take the trainer's devices). Afterwards the pool is awake and holds ``version``, so the
-        controller's activation only adds and resumes the replicas; if it does not activate, the caller puts them
-        back to sleep. A failure of the hybrid half is logged and the replicas are put back to sleep (the
+        (the hybrid engines take the trainer's devices). Afterwards the prepared replicas are awake and hold
+        ``version``, so the controller's activation only adds and resumes them; if it does not activate, the caller
+        puts them back to sleep. A failure of the hybrid half is logged and the replicas are put back to sleep (the
         activation then takes verl's path); a failure of the standalone sync raises.
 
         Args:
             weights: The trainer's full weights.
             version: The new parameter version.
+            replicas: Indices of the hybrid replicas the activation will lend (k of n; None: all).
         """
         items = weights or []
 
@@ -572,7 +584,7 @@ class RolloutRuntime(RuntimeQueries):
                 return time.monotonic()
 
             got = await asyncio.gather(
-                standalone(), self.pool.wake_and_sync_async(items, version), return_exceptions=True
+                standalone(), self.pool.wake_and_sync_async(items, version, replicas), return_exceptions=True
             )
             return t0, list(got)
 
@@ -585,7 +597,7 @@ class RolloutRuntime(RuntimeQueries):
                 "overlap_sync: the hybrid wake-up / weight sync failed (%r); putting them back to sleep", hybrid
             )
             try:
-                self.pool.sleep_replicas()
+                self.pool.sleep_replicas(replicas)
             except Exception as err:
                 raise hybrid from err
             return OverlapReport(t0, standalone_end, t0, t0, end, hybrid_error=repr(hybrid))

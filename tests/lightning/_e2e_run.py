@@ -11,7 +11,11 @@ actor at the end of that step, once earlier steps' replacements joined; kills of
 ``settle_up`` (likewise until every replacement is up, joining left to the callback), ``max_restarts``,
 ``health_timeout``, ``filter_groups`` (``rollout.filter_groups``),
 ``reward_funcs``, ``module_filter_groups`` (``GRPOModule``'s), ``record_prompts`` (the prompt index and uid of every
-trained sample, in ``trained_prompts`` / ``trained_uids``).
+trained sample, in ``trained_prompts`` / ``trained_uids``), ``policy_kwargs``
+(``dynamic_schedule_policy_kwargs``), ``account`` (at the last step, the rollouter's counters and queue taken
+atomically, in ``account``, beside the samples trained). Every fit also reports the replicas lent after each step
+(``lent``), each distinct hybrid weight sync's report (``hybrid_syncs``) and the pool's ``held_versions``.
+The policy ``e2e_alternate_lending`` (registered here) lends k of n hybrid replicas by cycle (issue #46).
 """
 
 from __future__ import annotations
@@ -31,6 +35,28 @@ from lightning_hybrid_rollout.config import AsyncTrainingConfig, RolloutConfig
 from lightning_hybrid_rollout.lightning.callback import HybridRolloutCallback
 from lightning_hybrid_rollout.lightning.data import RolloutDataModule
 from lightning_hybrid_rollout.lightning.module import GRPOModule
+from lightning_hybrid_rollout.schedule import DynamicScheduleContext, DynamicSchedulePolicyBase, register_policy
+
+
+@register_policy("e2e_alternate_lending")
+class AlternateLendingPolicy(DynamicSchedulePolicyBase):
+    """Lends the hybrid replicas after every sync and takes them back at every cycle start, after a batch's worth of
+    samples queued: 1 of n at the start and in most cycles, all n after cycles 2, 5, 8, ... (a deterministic k of n
+    lending, whatever this machine's speed; ``rate_matched(partial_lending=True)`` sizes k from measured rates)."""
+
+    def should_deactivate(self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> bool:
+        return is_hybrid_active
+
+    def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
+        return ctx.required_samples
+
+    def should_activate_after_step(
+        self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
+    ) -> bool:
+        return True
+
+    def activate_replica_count(self, global_steps: int, ctx: DynamicScheduleContext, num_hybrid_replicas: int) -> int:
+        return num_hybrid_replicas if global_steps % 3 == 2 else 1
 
 
 def kill_replica(replica_id: str, how: str = "kill") -> dict[str, Any]:
@@ -78,12 +104,15 @@ class Recorder(Callback):
         kills: list[dict[str, Any]] | None = None,
         settle_step: int = -1,
         settle_up_step: int = -1,
+        account_step: int = -1,
     ) -> None:
         self.cb = hybrid_cb
+        self.account_step = account_step
         self.kills = list(kills or [])
         self.settle_step = settle_step  # wait there until every replacement joined (the fit's last cycles see it)
         self.settle_up_step = settle_up_step  # wait there until every replacement is up (the callback joins them)
-        self.report: dict[str, Any] = {"routed": [], "restored": None, "active": []}
+        self.report: dict[str, Any] = {"routed": [], "restored": None, "active": [], "lent": [], "hybrid_syncs": []}
+        self._last_hybrid_sync: Any = None
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.is_global_zero:
@@ -119,6 +148,31 @@ class Recorder(Callback):
         lb = self.cb.runtime.rollouter.load_balancer
         self.report["routed"].append({"step": trainer.global_step, **lb.routed_counts()})
         self.report["active"].append(self.cb.controller.is_hybrid_active)
+        lent = self.cb.controller.active_replicas
+        self.report["lent"].append(None if lent is None else list(lent))
+        rt = self.cb.runtime
+        self.report["held_versions"] = dict(rt.pool.held_versions)
+        sync = rt.last_hybrid_sync_report
+        if sync is not None and sync is not self._last_hybrid_sync:  # each hybrid push once, as it reported
+            self._last_hybrid_sync = sync
+            self.report["hybrid_syncs"].append(
+                {
+                    "step": trainer.global_step,
+                    "version": sync.version,
+                    "checksum": sync.checksum,
+                    "replica_checksums": dict(sync.replica_checksums),
+                    "encodings": dict(sync.per_replica_encoding),
+                    "repaired": list(sync.repaired),
+                }
+            )
+        if self.account_step == trainer.global_step:
+            state = rt.rollouter_state()  # counters and queue in one atomic step on the loop
+            self.report["account"] = {
+                "counters": dict(state["counters"]),
+                "queued": len(state["message_queue"].get("samples", [])),
+                "pending": sum(len(g["samples"]) for g in state["pending_groups"]),
+                "trained": self.cb.run.samples_consumed,
+            }
 
     def _wait_replacements_joined(self, timeout: float = 300.0) -> None:
         """Before the next kill: the previous replacement has joined (so a kill never lands on one still starting,
@@ -180,6 +234,7 @@ def main(spec_path: str) -> None:
         ),
         async_training=AsyncTrainingConfig(
             dynamic_schedule_policy=spec.get("policy", "default"),
+            dynamic_schedule_policy_kwargs=spec.get("policy_kwargs") or {},
             trigger_parameter_sync_step=spec.get("trigger", 2),
             mini_batch_size=spec.get("mini_batch", 32),
             staleness_threshold=spec.get("staleness", 0.5),
@@ -196,7 +251,8 @@ def main(spec_path: str) -> None:
         build_model=True,
         run_dir=str(root),
     )
-    recorder = Recorder(hybrid_cb, spec.get("kill"), spec.get("settle", -1), spec.get("settle_up", -1))
+    account = spec["max_steps"] if spec.get("account") else -1
+    recorder = Recorder(hybrid_cb, spec.get("kill"), spec.get("settle", -1), spec.get("settle_up", -1), account)
     loggers: list[Any] = [CSVLogger(save_dir=str(root), name="", version="")]
     if spec.get("wandb"):
         from lightning.pytorch.loggers import WandbLogger
@@ -234,12 +290,15 @@ def main(spec_path: str) -> None:
             overlap_events=hybrid_cb.run.overlap.events,
             standalone_syncs=[
                 {"commit_s": r.per_replica_commit_seconds, "transport": r.per_replica_transport}
-                for r in recorder._standalone_reports
+                for r in getattr(recorder, "_standalone_reports", [])  # none if the fit failed before it started
             ],
             param_version=hybrid_cb.run.param_version,
-            replica_events=[dataclasses.asdict(e) for e in recorder.supervisor_events],
+            replica_events=[dataclasses.asdict(e) for e in getattr(recorder, "supervisor_events", [])],
             hybrid_sync_skipped=hybrid_cb.run.hybrid_sync_skipped,
-            decode_probe={k: getattr(recorder.decode_probe, k, None) for k in ("sent", "written", "skipped", "failed")},
+            decode_probe={
+                k: getattr(getattr(recorder, "decode_probe", None), k, None)
+                for k in ("sent", "written", "skipped", "failed")
+            },
             global_step=trainer.global_step,
             world_size=trainer.world_size,
             trained_prompts=getattr(datamodule, "trained_prompts", None),

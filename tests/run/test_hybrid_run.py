@@ -141,21 +141,54 @@ def test_the_clock_a_test_gives_reaches_the_step_times() -> None:
     assert time.monotonic() != 101.5
 
 
-def test_partial_lending_is_refused_for_a_real_run_before_anything_starts() -> None:
-    import pytest
-
-    from lightning_hybrid_rollout.config import ConfigError
-
+def test_partial_lending_is_accepted_for_a_real_run_and_the_controller_lends_subsets() -> None:
     a = AsyncTrainingConfig(
         dynamic_schedule_policy="rate_matched", dynamic_schedule_policy_kwargs={"partial_lending": True}
     )
-    with pytest.raises(ConfigError, match="partial_lending: lending k of n hybrid replicas runs in the simulator"):
-        HybridRun(
-            RolloutConfig(model_path="m", hybrid_replicas=2),
-            a,
-            dataset=None,
-            task="arithmetic",
-            task_kwargs={},
-            rewards=RewardConfig(),
-            agentic=AgenticConfig(),
-        )
+    run = HybridRun(
+        RolloutConfig(model_path="m", hybrid_replicas=2),
+        a,
+        dataset=None,
+        task="arithmetic",
+        task_kwargs={},
+        rewards=RewardConfig(),
+        agentic=AgenticConfig(),
+    )
+    assert run.policy.partial_lending is True  # type: ignore[attr-defined]
+    controller = run.build_controller(object())  # type: ignore[arg-type]
+    assert controller.num_hybrid_replicas == 2  # the controller hands the pool `replicas=` the lent subset
+
+
+def test_a_resume_lends_the_checkpoints_subset_again() -> None:
+    """A checkpoint taken while 1 of 2 hybrid replicas was lent: the fresh (parked) pool lends that one again."""
+
+    class Pool:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, Any]] = []
+
+        def __getattr__(self, name: str) -> Any:
+            return lambda **kw: self.calls.append((name, kw.get("replicas")))
+
+    run = HybridRun(
+        RolloutConfig(model_path="m", hybrid_replicas=2),
+        AsyncTrainingConfig(),
+        dataset=None,
+        task="arithmetic",
+        task_kwargs={},
+        rewards=RewardConfig(),
+        agentic=AgenticConfig(),
+    )
+    before = run.build_controller(Pool())  # type: ignore[arg-type]
+    before.activate(3, replicas=[0])
+    pool = Pool()
+    run.runtime = type("Runtime", (), {"pool": pool})()
+    run.controller = run.build_controller(pool)  # type: ignore[arg-type]
+    run.controller.load_state_dict(before.state_dict())
+    run._restore_pool_state()
+    lent = (0,)
+    assert pool.calls == [
+        ("wake_up_replicas", lent),
+        ("sync_weights", lent),
+        ("add_replicas", lent),
+        ("resume_generation_replicas", lent),
+    ]
