@@ -6,7 +6,22 @@ from typing import Any
 
 import pytest
 
+from lightning_hybrid_rollout.schedule import DefaultDynamicSchedulePolicy, DynamicScheduleContext, base
 from lightning_hybrid_rollout.sim import Scenario
+
+
+class LendOne(DefaultDynamicSchedulePolicy):
+    """The default policy lending one hybrid replica per activation (k of n = 1)."""
+
+    def activate_replica_count(self, global_steps: int, ctx: DynamicScheduleContext, num_hybrid_replicas: int) -> int:
+        return 1
+
+
+@pytest.fixture
+def lend_one(monkeypatch: pytest.MonkeyPatch) -> str:
+    """:class:`LendOne` registered for the test as ``test_lend_one``; returns its name."""
+    monkeypatch.setattr(base, "_REGISTRY", {**base._REGISTRY, "test_lend_one": LendOne})
+    return "test_lend_one"
 
 
 def dynamic_run(name: str, policy: str, train: int = 2, rollout: int = 2, **async_training: Any) -> dict[str, Any]:

@@ -8,23 +8,11 @@ from typing import Any
 import pytest
 
 from lightning_hybrid_rollout.errors import ScenarioError
-from lightning_hybrid_rollout.schedule import DefaultDynamicSchedulePolicy, DynamicScheduleContext, base
 from lightning_hybrid_rollout.schedule.cycle import ACTIVE_HYBRID_REPLICAS
 from lightning_hybrid_rollout.sim.lending import LendingModel
 from lightning_hybrid_rollout.sim.runner import _Run
 
 from .conftest import dynamic_run, tiny_scenario
-
-
-class LendOne(DefaultDynamicSchedulePolicy):
-    def activate_replica_count(self, global_steps: int, ctx: DynamicScheduleContext, num_hybrid_replicas: int) -> int:
-        return 1
-
-
-@pytest.fixture
-def lend_one(monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setattr(base, "_REGISTRY", {**base._REGISTRY, "test_lend_one": LendOne})
-    return "test_lend_one"
 
 
 @pytest.mark.parametrize("overlap", [False, True])

@@ -7,22 +7,10 @@ import json
 
 import pytest
 
-from lightning_hybrid_rollout.schedule import DefaultDynamicSchedulePolicy, DynamicScheduleContext, base
 from lightning_hybrid_rollout.sim.cli import plan_main
 from lightning_hybrid_rollout.sim.plan import candidate_runs, plan
 
 from .conftest import tiny_scenario
-
-
-class LendOne(DefaultDynamicSchedulePolicy):
-    def activate_replica_count(self, global_steps: int, ctx: DynamicScheduleContext, num_hybrid_replicas: int) -> int:
-        return 1
-
-
-@pytest.fixture
-def lend_one(monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setattr(base, "_REGISTRY", {**base._REGISTRY, "test_lend_one": LendOne})
-    return "test_lend_one"
 
 
 def test_partial_lending_adds_a_k_of_n_rate_matched_run_where_there_are_several_hybrid_replicas() -> None:
