@@ -230,9 +230,11 @@ def check_placement(specs: Sequence[ReplicaSpec], nodes: Sequence[Mapping[str, A
     """Refuse, before anything is launched, replicas the cluster can never place as asked.
 
     Ray would otherwise keep such an actor pending (an infeasible request) until the start times out. Checked
-    against each alive node's total resources (``ray.nodes()``): the units of each custom resource the standalone
-    replicas ask for; that the nodes advertising it have the CPUs/GPUs for them; that each hybrid replica's node is
-    alive and has the CPUs/GPUs for the hybrid replicas pinned to it.
+    against each alive node's total resources (``ray.nodes()``), reserving as Ray would have to: first the hybrid
+    replicas pinned to their trainer ranks' nodes (the node alive, with the CPUs/GPUs for them), then the standalone
+    replicas asking for a custom resource (its units, and the CPUs/GPUs left on the nodes advertising it), then the
+    standalone replicas free to go anywhere (the CPUs/GPUs left on any node). An empty node list (no cluster read)
+    checks nothing.
 
     Args:
         specs: The run's replicas (:func:`replica_specs`).
@@ -243,12 +245,41 @@ def check_placement(specs: Sequence[ReplicaSpec], nodes: Sequence[Mapping[str, A
     """
     from lightning_hybrid_rollout.errors import ConfigError
 
+    if not nodes:
+        return
     alive = {str(n.get("NodeID")): dict(n.get("Resources") or {}) for n in nodes if n.get("Alive")}
+    left = {node_id: dict(res) for node_id, res in alive.items()}  # what is still free after each reservation
     problems: list[str] = []
-    asked: dict[str, list[ReplicaSpec]] = {}
+    per_node: dict[str, list[ReplicaSpec]] = {}
     for s in specs:
+        if s.node_id is not None and s.placement_group is None:
+            per_node.setdefault(s.node_id, []).append(s)
+    for node_id, group in per_node.items():
+        ids = ", ".join(s.replica_id for s in group)
+        if node_id not in alive:
+            problems.append(
+                f"hybrid placement: {ids} must run on Ray node {node_id}, which is not an alive node of the cluster; "
+                "every trainer node must join it (`ray start --address=<head>:6379`)"
+            )
+            continue
+        fit = _fits(alive[node_id], group[0], len(group))
+        _reserve(left[node_id], group[0], fit)
+        if fit < len(group):
+            res = alive[node_id]
+            problems.append(
+                f"hybrid placement: node {node_id} has {res.get('CPU', 0.0):g} CPU and {res.get('GPU', 0.0):g} GPU for "
+                f"{len(group)} hybrid replicas of {group[0].cpus} CPU and {group[0].gpus:g} GPU each ({ids}); "
+                "advertise more with `ray start --num-cpus/--num-gpus` or pass each trainer rank's node"
+            )
+    asked: dict[str, list[ReplicaSpec]] = {}
+    free: list[ReplicaSpec] = []
+    for s in specs:
+        if s.node_id is not None or s.placement_group is not None:
+            continue
         for name in s.resources:
             asked.setdefault(name, []).append(s)
+        if not s.resources:
+            free.append(s)
     for name, group in asked.items():
         need = sum(s.resources[name] for s in group)
         have = sum(res.get(name, 0.0) for res in alive.values())
@@ -263,37 +294,44 @@ def check_placement(specs: Sequence[ReplicaSpec], nodes: Sequence[Mapping[str, A
             )
             continue
         fit = 0
-        for res in alive.values():
+        for res in left.values():
             units = res.get(name, 0.0)
-            if units > 0:
-                fit += _fits(res, group[0], int(units // group[0].resources[name]))
+            if units > 0 and fit < len(group):
+                here = _fits(res, group[0], min(len(group) - fit, int(units // group[0].resources[name])))
+                _reserve(res, group[0], here)
+                fit += here
         if fit < len(group):
             problems.append(
                 f"standalone placement: the nodes advertising {name!r} have room for {fit} of {len(group)} standalone "
                 f"replicas ({group[0].cpus} CPU, {group[0].gpus:g} GPU each); give them more CPUs/GPUs in `ray start`"
             )
-    per_node: dict[str, list[ReplicaSpec]] = {}
-    for s in specs:
-        if s.node_id is not None and s.placement_group is None:
-            per_node.setdefault(s.node_id, []).append(s)
-    for node_id, group in per_node.items():
-        ids = ", ".join(s.replica_id for s in group)
-        if node_id not in alive:
+    if free:
+        fit = 0
+        for res in left.values():
+            here = _fits(res, free[0], len(free) - fit)
+            _reserve(res, free[0], here)
+            fit += here
+        if fit < len(free):
+            cpus = sum(res.get("CPU", 0.0) for res in alive.values())
+            gpus = sum(res.get("GPU", 0.0) for res in alive.values())
+            hybrid = sum(len(g) for g in per_node.values())
             problems.append(
-                f"hybrid placement: {ids} must run on Ray node {node_id}, which is not an alive node of the cluster; "
-                "every trainer node must join it (`ray start --address=<head>:6379`)"
-            )
-            continue
-        fit = _fits(alive[node_id], group[0], len(group))
-        if fit < len(group):
-            res = alive[node_id]
-            problems.append(
-                f"hybrid placement: node {node_id} has {res.get('CPU', 0.0):g} CPU and {res.get('GPU', 0.0):g} GPU for "
-                f"{len(group)} hybrid replicas of {group[0].cpus} CPU and {group[0].gpus:g} GPU each ({ids}); "
-                "advertise more with `ray start --num-cpus/--num-gpus` or pass each trainer rank's node"
+                f"standalone placement: the cluster has {cpus:g} CPU and {gpus:g} GPU; beside the {hybrid} hybrid "
+                f"replicas there is room for {fit} of {len(free)} standalone replicas ({free[0].cpus} CPU, "
+                f"{free[0].gpus:g} GPU each); lower rollout.standalone_replicas, rollout.hybrid_replicas or "
+                "rollout.cpus_per_replica, or join a node with more (`ray start --address=<head>:6379`)"
             )
     if problems:
         raise ConfigError(problems)
+
+
+def _reserve(resources: dict[str, float], spec: ReplicaSpec, count: int) -> None:
+    """Take what ``count`` replicas like ``spec`` ask for out of a node's free ``resources``."""
+    resources["CPU"] = resources.get("CPU", 0.0) - count * spec.cpus
+    if spec.gpus > 0:
+        resources["GPU"] = resources.get("GPU", 0.0) - count * spec.gpus
+    for name, units in spec.resources.items():
+        resources[name] = resources.get(name, 0.0) - count * units
 
 
 def _fits(resources: Mapping[str, float], spec: ReplicaSpec, most: int) -> int:

@@ -150,6 +150,47 @@ def test_a_cluster_that_fits_passes():
     check_placement(specs_for(cfg(), None), [])  # no constraint at all: nothing to check
 
 
+def test_standalone_replicas_beside_the_hybrid_ones_on_too_few_cpus_are_refused_in_one_line():
+    # 1 standalone + 2 hybrid replicas of 1 CPU each on a 2-CPU machine: Ray would keep the third pending until
+    # the start timed out (~10 min); the hybrid ones are pinned here, so the standalone one is what has no room
+    specs = specs_for(cfg(standalone_replicas=1, hybrid_replicas=2), [HEAD, HEAD])
+    with pytest.raises(ConfigError) as err:
+        check_placement(specs, [node(HEAD, "127.0.0.1", cpus=2)])
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert "2 CPU" in msg and "beside the 2 hybrid replicas" in msg and "room for 0 of 1 standalone" in msg
+    assert "rollout.standalone_replicas" in msg and "rollout.cpus_per_replica" in msg
+    check_placement(specs_for(cfg(standalone_replicas=1, hybrid_replicas=1), [HEAD]), [node(HEAD, "127.0.0.1", 2)])
+    # a second node takes the standalone replica
+    check_placement(specs, [node(HEAD, "127.0.0.1", cpus=2), node(ROLLOUT, "10.0.0.2", cpus=1)])
+
+
+def test_hybrid_replicas_reserve_their_cpus_before_the_standalone_resource_is_counted():
+    # one machine that both trains and advertises the rollout resource: its CPUs are shared by both roles
+    specs = specs_for(cfg(standalone_replicas=2, hybrid_replicas=2, standalone_resource="lhr_rollout"), [HEAD, HEAD])
+    with pytest.raises(ConfigError, match="room for 1 of 2 standalone"):
+        check_placement(specs, [node(HEAD, "127.0.0.1", cpus=3, lhr_rollout=2)])
+    check_placement(specs, [node(HEAD, "127.0.0.1", cpus=4, lhr_rollout=2)])
+
+
+def test_the_real_local_cluster_refuses_more_replicas_than_its_cpus_before_launching(
+    ray_runtime: Any, monkeypatch: pytest.MonkeyPatch
+):
+    import ray
+
+    launched: list[Any] = []
+    monkeypatch.setattr(ReplicaHandle, "launch", classmethod(lambda cls, spec: launched.append(spec)))
+    cpus = int(sum(n["Resources"].get("CPU", 0) for n in ray.nodes() if n["Alive"]))
+    r = cfg(standalone_replicas=1, hybrid_replicas=cpus)
+    with pytest.raises(ConfigError, match="room for 0 of 1 standalone"):
+        placement.place_replicas(r, VLLMEngineConfig(model="m"), [[0]], [[0]] * cpus)
+    assert launched == []
+    specs = placement.place_replicas(
+        cfg(standalone_replicas=1, hybrid_replicas=cpus - 1), VLLMEngineConfig(model="m"), [[0]], [[0]] * (cpus - 1)
+    )
+    assert len(specs) == cpus
+
+
 def test_place_replicas_reads_the_cluster_and_refuses_before_launching(monkeypatch: pytest.MonkeyPatch):
     import ray
 
