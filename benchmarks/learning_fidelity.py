@@ -17,6 +17,8 @@ Usage::
     .venv/bin/python benchmarks/learning_fidelity.py                      # quickstart, 3 arms x 3 seeds, ~20-30 min
     .venv/bin/python benchmarks/learning_fidelity.py --repeats 1 --steps 60 --out runs/lf_smoke
     .venv/bin/python benchmarks/learning_fidelity.py --smollm2 --repeats 1 --steps 100
+    .venv/bin/python benchmarks/learning_fidelity.py --smollm2 --arms static_fully_async,rate_matched \\
+        --partial-lending --set rollout.dtype=bfloat16 --set rollout.weight_encoding=delta --steps 12
 """
 
 from __future__ import annotations
@@ -38,8 +40,30 @@ ARMS = ("static_fully_async", "default", "rate_matched")
 FIGURES = ("final", "auc")
 
 
-def write_config(base: dict[str, Any], run_dir: Path, policy: str, seed: int, steps: int | None) -> Path:
-    """``base`` (a parsed ``lhr fit`` config) with its outputs under ``run_dir``, ``policy`` and ``seed``."""
+def parse_set(items: list[str]) -> dict[str, Any]:
+    """``--set SECTION.KEY=VALUE`` items: ``{"SECTION.KEY": value}``, each value read as YAML (``true``, ``0.5``)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or "." not in key or not key.split(".")[-1]:
+            raise ValueError(f"--set {item!r}: give SECTION.KEY=VALUE of the callback, e.g. rollout.dtype=bfloat16")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def write_config(
+    base: dict[str, Any],
+    run_dir: Path,
+    policy: str,
+    seed: int,
+    steps: int | None,
+    settings: dict[str, Any] | None = None,
+    partial_lending: bool = False,
+) -> Path:
+    """``base`` (a parsed ``lhr fit`` config) with its outputs under ``run_dir``, ``policy`` and ``seed``; every arm
+    gets the callback ``settings`` (:func:`parse_set`), and ``rate_matched`` lends k of n with ``partial_lending``."""
     import copy
 
     import yaml
@@ -54,7 +78,16 @@ def write_config(base: dict[str, Any], run_dir: Path, policy: str, seed: int, st
     cb = t["callbacks"][0]["init_args"]
     if cb.get("build_model"):  # each run builds the same model (the build's own seed is fixed) in its run dir
         cb["rollout"]["model_path"] = str(run_dir / "model")
-    cb.setdefault("async_training", {})["dynamic_schedule_policy"] = policy
+    for key, value in (settings or {}).items():
+        *sections, name = key.split(".")
+        node = cb
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[name] = value
+    at = cb.setdefault("async_training", {})
+    at["dynamic_schedule_policy"] = policy
+    if partial_lending and policy == "rate_matched":
+        at["dynamic_schedule_policy_kwargs"] = {**at.get("dynamic_schedule_policy_kwargs", {}), "partial_lending": True}
     for extra in t["callbacks"][1:]:
         if "dirpath" in extra.get("init_args", {}):
             extra["init_args"]["dirpath"] = str(run_dir / "checkpoints")
@@ -136,7 +169,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="seeds 0 .. repeats-1 per arm")
     parser.add_argument("--steps", type=int, default=None, help="max_steps (default: the config's)")
     parser.add_argument("--out", default="runs/learning_fidelity")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="a callback setting for every arm, e.g. rollout.dtype=bfloat16 rollout.weight_encoding=delta (repeatable)",
+    )
+    parser.add_argument(
+        "--partial-lending", action="store_true", help="rate_matched lends k of n hybrid replicas (partial_lending)"
+    )
     args = parser.parse_args(argv)
+    settings = parse_set(args.set)
     out = Path(args.out).resolve()
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     base = _prepare_smollm2(out) if args.smollm2 else yaml.safe_load(Path(args.config).read_text())
@@ -146,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in range(args.repeats):
         for arm in arms:
             run_dir = out / arm / f"seed{seed}"
-            config = write_config(base, run_dir, arm, seed, args.steps)
+            config = write_config(base, run_dir, arm, seed, args.steps, settings, args.partial_lending)
             t0 = time.monotonic()
             with open(run_dir / "fit.log", "w") as log:
                 proc = subprocess.run([*lhr, "--config", str(config)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)

@@ -55,6 +55,22 @@ def test_each_arm_runs_the_quickstart_with_its_policy_seed_and_own_run_dir(tmp_p
     assert base["seed_everything"] == 0  # the base config is not modified
 
 
+def test_settings_reach_every_arm_and_partial_lending_only_rate_matched(tmp_path: Path):
+    base = yaml.safe_load(lf.QUICKSTART.read_text())
+    settings = lf.parse_set(["rollout.dtype=bfloat16", "rollout.weight_encoding=delta", "async_training.x.y=0.5"])
+    assert settings == {"rollout.dtype": "bfloat16", "rollout.weight_encoding": "delta", "async_training.x.y": 0.5}
+    for policy, lends_k in (("static_fully_async", False), ("rate_matched", True)):
+        path = lf.write_config(base, tmp_path / policy, policy, 0, 4, settings, partial_lending=True)
+        cb = yaml.safe_load(path.read_text())["trainer"]["callbacks"][0]["init_args"]
+        assert cb["rollout"]["dtype"] == "bfloat16" and cb["rollout"]["weight_encoding"] == "delta"
+        assert cb["async_training"]["x"] == {"y": 0.5}
+        kwargs = cb["async_training"].get("dynamic_schedule_policy_kwargs", {})
+        assert kwargs.get("partial_lending", False) is lends_k
+    assert "dtype" not in base["trainer"]["callbacks"][0]["init_args"]["rollout"]
+    with pytest.raises(ValueError, match=r"SECTION\.KEY=VALUE"):
+        lf.parse_set(["dtype=bfloat16"])
+
+
 def test_the_reward_curve_is_read_in_step_order_skipping_rows_without_a_reward(tmp_path: Path):
     (tmp_path / "metrics.csv").write_text("step,train/reward_mean,x\n2,0.3,\n0,0.1,\n1,,5\n1,0.2,\n")
     assert lf.reward_curve(tmp_path / "metrics.csv") == [0.1, 0.2, 0.3]
