@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "check_local_placement",
     "check_placement",
     "hybrid_cuda_devices",
     "hybrid_node_ids",
@@ -323,6 +324,30 @@ def check_placement(specs: Sequence[ReplicaSpec], nodes: Sequence[Mapping[str, A
             )
     if problems:
         raise ConfigError(problems)
+
+
+def check_local_placement(
+    rollout: RolloutConfig,
+    engine: VLLMEngineConfig,
+    s_cores: list[list[int]],
+    h_cores: list[list[int]],
+    cpus: int | None = None,
+) -> None:
+    """:func:`check_placement` against the one-node cluster a run without ``rollout.ray_address`` starts, before
+    it is started: ``cpus`` CPUs (default: this process's cores, what :class:`RayRuntime` advertises). On GPU Ray
+    counts the devices itself, so only CPU runs are checked here (:func:`place_replicas` checks them all).
+
+    Raises:
+        ConfigError: More replicas than the machine's CPUs hold (one line, with the fix).
+    """
+    if rollout.ray_address is not None or rollout.gpus_per_replica > 0:
+        return
+    local = "this machine"
+    specs = replica_specs(rollout, engine, s_cores, h_cores, hybrid_node_ids=[local] * rollout.hybrid_replicas)
+    total = float(cpus if cpus is not None else len(_cpu_cores()))
+    check_placement(
+        specs, [{"NodeID": local, "NodeManagerAddress": "127.0.0.1", "Alive": True, "Resources": {"CPU": total}}]
+    )
 
 
 def _reserve(resources: dict[str, float], spec: ReplicaSpec, count: int) -> None:

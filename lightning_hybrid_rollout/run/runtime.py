@@ -23,7 +23,12 @@ from lightning_hybrid_rollout.rollout.event_loop import EventLoopThread
 from lightning_hybrid_rollout.rollout.message_queue import MessageQueue
 from lightning_hybrid_rollout.run.decode_probe import DecodeProgressProbe
 from lightning_hybrid_rollout.run.hybrid_pool import HybridReplicaPool, NoTrainer, OverlapReport, TrainerLink
-from lightning_hybrid_rollout.run.placement import pin_trainer_process, place_replicas, plan_cpu_placement
+from lightning_hybrid_rollout.run.placement import (
+    check_local_placement,
+    pin_trainer_process,
+    place_replicas,
+    plan_cpu_placement,
+)
 from lightning_hybrid_rollout.run.tracer import RunTracer, trace_track
 
 if TYPE_CHECKING:
@@ -248,9 +253,10 @@ class RolloutRuntime(RuntimeQueries):
         self.check_engine_args()
         # cuda_ipc without CUDA: one line, before anything starts; a LoRA adapter-only sync is always full
         self.weights = WeightRouter(r.weight_transport, r.weight_encoding if self.lora is None else "full")
+        s_cores, h_cores = plan_cpu_placement(r.standalone_replicas, r.hybrid_replicas, r.cpus_per_replica)
+        check_local_placement(r, self._engine_config(), s_cores, h_cores)  # before a local Ray is started for it
         t0 = time.monotonic()
         self.ray = RayRuntime(address=r.ray_address).start()
-        s_cores, h_cores = plan_cpu_placement(r.standalone_replicas, r.hybrid_replicas, r.cpus_per_replica)
         # by role: standalone replicas on the nodes advertising rollout.standalone_resource, hybrid ones on their
         # trainer ranks' nodes (``hybrid_node_ips``: each rank's node address when the trainer spans several nodes;
         # None: this node); a replica the cluster cannot place is refused here, before anything is launched

@@ -7,6 +7,7 @@ against a stand-in for ``ray.remote`` that records the actor options. The real t
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -171,6 +172,32 @@ def test_hybrid_replicas_reserve_their_cpus_before_the_standalone_resource_is_co
     with pytest.raises(ConfigError, match="room for 1 of 2 standalone"):
         check_placement(specs, [node(HEAD, "127.0.0.1", cpus=3, lhr_rollout=2)])
     check_placement(specs, [node(HEAD, "127.0.0.1", cpus=4, lhr_rollout=2)])
+
+
+def test_a_local_run_with_more_replicas_than_cores_is_refused_before_ray_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from lightning_hybrid_rollout.config import AsyncTrainingConfig
+    from lightning_hybrid_rollout.rollout.ray_runtime import RayRuntime
+    from lightning_hybrid_rollout.run.runtime import RolloutRuntime
+
+    def no_ray(self: Any) -> Any:
+        raise AssertionError("Ray was started for a run the machine cannot hold")
+
+    monkeypatch.setattr(RayRuntime, "start", no_ray)
+    cores = len(placement._cpu_cores())
+    r = cfg(standalone_replicas=1, hybrid_replicas=cores, weight_encoding="full")
+    rt = RolloutRuntime(r, AsyncTrainingConfig(mini_batch_size=8), workload=None, run_dir=tmp_path, trace=False)
+    with pytest.raises(ConfigError) as err:
+        rt.start()
+    assert "\n" not in str(err.value) and "room for 0 of 1 standalone" in str(err.value)
+    assert rt.ray is None
+    # what fits, and a cluster joined by address or replicas on GPUs, is left to the check against the real cluster
+    engine = VLLMEngineConfig(model="m")
+    placement.check_local_placement(cfg(standalone_replicas=1, hybrid_replicas=1), engine, [[1]], [[0]], cpus=2)
+    placement.check_local_placement(cfg(hybrid_replicas=2, ray_address="auto"), engine, [[1]], [[0], [1]], cpus=2)
+    with pytest.raises(ConfigError, match="room for 0 of 1 standalone"):
+        placement.check_local_placement(cfg(hybrid_replicas=2), engine, [[1]], [[0], [1]], cpus=2)
 
 
 def test_the_real_local_cluster_refuses_more_replicas_than_its_cpus_before_launching(
