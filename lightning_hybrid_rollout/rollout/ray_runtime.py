@@ -65,6 +65,11 @@ class RayRuntime:
         self._tree: dict[int, float] = {}  # pid -> start time of the run's processes seen before Ray's shutdown
         self.init_seconds = 0.0
 
+    @property
+    def local_cpus(self) -> int:
+        """CPUs the local cluster this runtime starts advertises (``num_cpus``, else this process's cores)."""
+        return self.num_cpus if self.num_cpus is not None else len(os.sched_getaffinity(0))
+
     # ---- lifecycle ------------------------------------------------------------------------------------------------
     def start(self) -> RayRuntime:
         """Connect to / start Ray. Idempotent."""
@@ -92,7 +97,7 @@ class RayRuntime:
             self._prepare_local()
             kwargs.update(
                 address="local",
-                num_cpus=self.num_cpus if self.num_cpus is not None else len(os.sched_getaffinity(0)),
+                num_cpus=self.local_cpus,
                 num_gpus=self.num_gpus,
                 object_store_memory=self.object_store_memory,
                 include_dashboard=False,

@@ -254,9 +254,11 @@ class RolloutRuntime(RuntimeQueries):
         # cuda_ipc without CUDA: one line, before anything starts; a LoRA adapter-only sync is always full
         self.weights = WeightRouter(r.weight_transport, r.weight_encoding if self.lora is None else "full")
         s_cores, h_cores = plan_cpu_placement(r.standalone_replicas, r.hybrid_replicas, r.cpus_per_replica)
-        check_local_placement(r, self._engine_config(), s_cores, h_cores)  # before a local Ray is started for it
+        ray = RayRuntime(address=r.ray_address)
+        # against the CPUs the local Ray will advertise, before it is started
+        check_local_placement(r, self._engine_config(), s_cores, h_cores, cpus=ray.local_cpus)
         t0 = time.monotonic()
-        self.ray = RayRuntime(address=r.ray_address).start()
+        self.ray = ray.start()
         # by role: standalone replicas on the nodes advertising rollout.standalone_resource, hybrid ones on their
         # trainer ranks' nodes (``hybrid_node_ips``: each rank's node address when the trainer spans several nodes;
         # None: this node); a replica the cluster cannot place is refused here, before anything is launched

@@ -9,7 +9,7 @@ out of the pytest process). Spec keys: ``out`` (report path), ``root`` (run dir)
 actor at the end of that step, once earlier steps' replacements joined; kills of one step land back to back),
 ``sync_mode``, ``response_length``, ``settle`` (a step at whose end the run waits until every replacement joined),
 ``settle_up`` (likewise until every replacement is up, joining left to the callback), ``max_restarts``,
-``health_timeout``, ``filter_groups`` (``rollout.filter_groups``),
+``health_timeout``, ``filter_groups`` (``rollout.filter_groups``), ``max_num_gen_batches``,
 ``reward_funcs``, ``module_filter_groups`` (``GRPOModule``'s), ``record_prompts`` (the prompt index and uid of every
 trained sample, in ``trained_prompts`` / ``trained_uids``), ``policy_kwargs``
 (``dynamic_schedule_policy_kwargs``), ``account`` (at the last step, the rollouter's counters and queue taken
@@ -226,6 +226,7 @@ def main(spec_path: str) -> None:
             n=spec.get("n", 4),
             response_length=spec.get("response_length", 4),
             filter_groups=spec.get("filter_groups", False),
+            max_num_gen_batches=spec.get("max_num_gen_batches", 10),
             prompt_length=16,
             concurrent_samples_per_replica=32,
             kv_cache_memory_bytes=32 * 2**20,

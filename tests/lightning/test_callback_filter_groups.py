@@ -22,6 +22,9 @@ SPEC = {
     "trigger": TRIGGER,
     "policy": "default",
     "filter_groups": f"{HERE / '_mostly_solved.py'}:keep_varied",
+    # no refill cap: a slow trainer lets the standalone replica drop more groups per sync than verl's cap of 10
+    # batches (284 of 288 samples on a quiet host), and groups over the cap pass unfiltered by design
+    "max_num_gen_batches": 0,
     "reward_funcs": [f"{HERE / '_mostly_solved.py'}:mostly_solved"],
     "module_filter_groups": True,  # the module's train/kept_fraction: the share of rows with a learning signal
     "record_prompts": True,
