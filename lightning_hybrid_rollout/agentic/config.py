@@ -57,8 +57,8 @@ class AgenticConfig(ConfigBase):
         None, at_least=1, nullable=True, fix="Use null (the engines' max_model_len) or e.g. 4096."
     )
     """The most tokens of one episode's trained sequence, prompt included. ``None``: the engines'
-    ``rollout.max_model_len`` (or, with that left out too, ``DEFAULT_MAX_EPISODE_TOKENS``, which the engines then
-    take as theirs); see ``fit_episode_budget``."""
+    ``rollout.max_model_len`` (or, with that left out too, ``DEFAULT_MAX_EPISODE_TOKENS`` or the model's own
+    context where that is shorter, which the engines then take as theirs); see ``fit_episode_budget``."""
     tool_timeout_s: float = real(30.0, above=0.0, fix="E.g. 30 (seconds).")
     """The most seconds one tool call or environment call may take (past it the model reads an error)."""
     tool_workers: int = integer(16, at_least=1, fix="E.g. 16 threads.")

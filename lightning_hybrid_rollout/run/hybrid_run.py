@@ -246,7 +246,8 @@ class HybridRun:
     def load_workload(self, model_dir: str, fit_length: Callable[[int], Any] | None = None) -> Workload:
         """Every rank, before Ray: the episode budget fitted to the engines' context, the module's token budget
         checked (``fit_length``), then the data set, the prompts' lengths and the reward functions."""
-        self.agentic, self.rollout = fit_episode_budget(self.agentic, self.rollout)
+        # the model's context read where this node loads it (a hub id's snapshot)
+        self.agentic, self.rollout = fit_episode_budget(self.agentic, self.rollout, self.on_node(model_dir).model_path)
         if fit_length is not None:  # the module's token budget must hold the longest sequence (GRPOModule)
             fit_length(self.rollout.engine_max_model_len())
         self.workload = load_workload(

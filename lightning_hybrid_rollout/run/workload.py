@@ -18,6 +18,7 @@ from typing import Any
 from lightning_hybrid_rollout.agentic.runtime import DEFAULT_MAX_EPISODE_TOKENS, AgenticConfig, EpisodeDriver
 from lightning_hybrid_rollout.config import RolloutConfig
 from lightning_hybrid_rollout.errors import ConfigError
+from lightning_hybrid_rollout.models.context_length import model_context_length
 from lightning_hybrid_rollout.rewards import GroupRewardInput, RewardConfig, RewardFunction, RewardRunner
 from lightning_hybrid_rollout.rewards.loading import load_reward_functions, resolve_import_path
 from lightning_hybrid_rollout.rollout.group_filter import GroupFilterFn, rewards_vary
@@ -366,34 +367,49 @@ def build_workload(
     )
 
 
-def fit_episode_budget(agentic: AgenticConfig, rollout: RolloutConfig) -> tuple[AgenticConfig, RolloutConfig]:
+def fit_episode_budget(
+    agentic: AgenticConfig, rollout: RolloutConfig, model_dir: str | None = None
+) -> tuple[AgenticConfig, RolloutConfig]:
     """The episode budget and the engines' context made to fit each other, the one left out derived from the other.
 
     ``max_episode_tokens`` left out takes the engines' ``rollout.max_model_len``; ``rollout.max_model_len`` left
     out takes ``max_episode_tokens`` (so an engine holds a whole episode); both left out: both
-    ``DEFAULT_MAX_EPISODE_TOKENS``. The log says what was chosen. Single-turn runs are returned unchanged.
+    ``DEFAULT_MAX_EPISODE_TOKENS``, or the model's own context where that is shorter (``model_dir``'s
+    ``config.json``, default ``rollout.model_path``). The log says what was chosen. Single-turn runs are returned
+    unchanged.
 
     Raises:
-        ConfigError: Both set and the episode longer than the engines' context, or an episode budget not above
-            ``rollout.prompt_length``: one line each.
+        ConfigError: Both set and the episode longer than the engines' context, an episode budget not above
+            ``rollout.prompt_length``, or a derived context longer than the model's: one line each.
     """
     if not agentic.enabled:
         return agentic, rollout
+    context = model_context_length(model_dir if model_dir is not None else rollout.model_path)
     episode = agentic.max_episode_tokens
     if episode is None:
-        episode = rollout.max_model_len if rollout.max_model_len is not None else DEFAULT_MAX_EPISODE_TOKENS
+        if rollout.max_model_len is not None:
+            episode, source = rollout.max_model_len, "rollout.max_model_len"
+        elif context is not None and context[0] < DEFAULT_MAX_EPISODE_TOKENS:
+            episode, source = context[0], f"the model's context, config.json's {context[1]}"
+        else:
+            episode, source = DEFAULT_MAX_EPISODE_TOKENS, "the default"
         agentic = dataclasses.replace(agentic, max_episode_tokens=episode)
-        source = "rollout.max_model_len" if rollout.max_model_len is not None else "the default"
         log.info("max_episode_tokens left out: %d (%s)", episode, source)
-    if rollout.max_model_len is None:
-        engines = max(episode, rollout.engine_max_model_len())
-        rollout = dataclasses.replace(rollout, max_model_len=engines)
-        log.info("rollout.max_model_len left out: %d (an engine holds a whole episode of max_episode_tokens)", engines)
     if episode <= rollout.prompt_length:
         raise ConfigError(
             f"max_episode_tokens ({episode}) must exceed rollout.prompt_length ({rollout.prompt_length}): an "
             "episode's prompt is part of its budget; raise max_episode_tokens or lower rollout.prompt_length"
         )
+    if rollout.max_model_len is None:
+        engines = max(episode, rollout.engine_max_model_len())
+        if context is not None and episode > context[0]:
+            raise ConfigError(
+                f"max_episode_tokens ({episode}) is longer than the model's context ({context[0]}, config.json's "
+                f"{context[1]}), and rollout.max_model_len left out would take it: lower max_episode_tokens to at "
+                f"most {context[0]}, or leave it out"
+            )
+        rollout = dataclasses.replace(rollout, max_model_len=engines)
+        log.info("rollout.max_model_len left out: %d (an engine holds a whole episode of max_episode_tokens)", engines)
     if episode > rollout.engine_max_model_len():
         raise ConfigError(
             f"max_episode_tokens ({episode}) exceeds the engines' max_model_len ({rollout.engine_max_model_len()}): "

@@ -212,3 +212,42 @@ def test_an_environment_added_to_the_smollm2_example_fits_its_engines_without_an
     agentic = AgenticConfig(environment="examples/agentic/guess_env.py:GuessNumber", max_turns=4)  # nothing else
     agentic, fitted = fit_episode_budget(agentic, rollout)
     assert agentic.max_episode_tokens == fitted.engine_max_model_len() == rollout.max_model_len
+
+
+def test_an_environment_added_to_the_quickstart_fits_the_tiny_model_and_vllm_accepts_its_engines(
+    tmp_path: Path,
+) -> None:
+    """The quickstart's tiny model holds 512 positions: the default episode budget (4096) is capped to it, where
+    vLLM refused the derived max_model_len before."""
+    import yaml
+
+    from lightning_hybrid_rollout.agentic.runtime import AgenticConfig
+    from lightning_hybrid_rollout.config import RolloutConfig
+    from lightning_hybrid_rollout.models.tiny_model import build_tiny_model
+    from lightning_hybrid_rollout.rollout.vllm.config import engine_config_from_rollout, engine_kwargs_for
+    from lightning_hybrid_rollout.rollout.vllm.engine_args import check_engine_args
+    from lightning_hybrid_rollout.run.workload import fit_episode_budget
+
+    config = yaml.safe_load(Path("examples/quickstart_cpu.yaml").read_text())
+    init = next(c for c in config["trainer"]["callbacks"] if c["class_path"].endswith("HybridRolloutCallback"))
+    build = init["init_args"]["build_model"]
+    model = build_tiny_model(tmp_path / "model", hidden=build["hidden"], layers=build["layers"], seed=build["seed"])
+    rollout = RolloutConfig(**{**init["init_args"]["rollout"], "model_path": str(model)})
+    agentic = AgenticConfig(environment="examples/agentic/guess_env.py:GuessNumber")  # nothing else
+    agentic, fitted = fit_episode_budget(agentic, rollout)
+    assert agentic.max_episode_tokens == fitted.engine_max_model_len() == 512
+    check_engine_args(engine_kwargs_for(engine_config_from_rollout(fitted, tmp_path / "vllm"), on_cuda=False))
+
+
+def test_an_episode_budget_longer_than_the_model_s_context_is_refused_in_one_line(tmp_path: Path) -> None:
+    from lightning_hybrid_rollout.agentic.runtime import AgenticConfig
+    from lightning_hybrid_rollout.config import RolloutConfig
+    from lightning_hybrid_rollout.errors import ConfigError
+    from lightning_hybrid_rollout.run.workload import fit_episode_budget
+
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 512}')
+    rollout = RolloutConfig(model_path=str(tmp_path), prompt_length=16, response_length=4)
+    with pytest.raises(ConfigError) as err:
+        fit_episode_budget(AgenticConfig(environment="e.py:E", max_episode_tokens=1024), rollout)
+    assert "model's context (512, config.json's max_position_embeddings)" in str(err.value)
+    assert "lower max_episode_tokens to at most 512" in str(err.value) and "\n" not in str(err.value)
