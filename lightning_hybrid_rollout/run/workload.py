@@ -380,7 +380,8 @@ def fit_episode_budget(
 
     Raises:
         ConfigError: Both set and the episode longer than the engines' context, an episode budget not above
-            ``rollout.prompt_length``, or a derived context longer than the model's: one line each.
+            ``rollout.prompt_length``, or an episode budget longer than the model's context with
+            ``rollout.max_model_len`` left out (the engines would take it): one line each.
     """
     if not agentic.enabled:
         return agentic, rollout
@@ -401,13 +402,13 @@ def fit_episode_budget(
             "episode's prompt is part of its budget; raise max_episode_tokens or lower rollout.prompt_length"
         )
     if rollout.max_model_len is None:
-        engines = max(episode, rollout.engine_max_model_len())
         if context is not None and episode > context[0]:
             raise ConfigError(
                 f"max_episode_tokens ({episode}) is longer than the model's context ({context[0]}, config.json's "
                 f"{context[1]}), and rollout.max_model_len left out would take it: lower max_episode_tokens to at "
                 f"most {context[0]}, or leave it out"
             )
+        engines = max(episode, rollout.engine_max_model_len())
         rollout = dataclasses.replace(rollout, max_model_len=engines)
         log.info("rollout.max_model_len left out: %d (an engine holds a whole episode of max_episode_tokens)", engines)
     if episode > rollout.engine_max_model_len():
