@@ -8,7 +8,8 @@ Example::
 
     policy = create_policy("rate_matched")
     ctx = RateScheduleContext(required_samples=32, trigger_parameter_sync_step=4)
-    assert not policy.should_activate_after_step(0, False, ctx)  # nothing measured yet: do not activate
+    assert policy.should_activate_after_step(0, False, ctx)  # the pipeline fill: the trainer has nothing to do
+    assert policy.deactivate_wait_samples(ctx) == 32  # so the hybrid replicas help until the first batch is queued
 """
 
 from __future__ import annotations
@@ -251,6 +252,7 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
         self._sync_s_per_replica: float | None = None
         # hybrid replicas lent during the window the next context measures (0: all, or unknown)
         self._window_replicas = 0
+        self._cycles_learned = 0  # 0: the context's deactivation wait is the pipeline fill
 
     # ------------------------------------------------------------------------------------------------ helpers
 
@@ -313,7 +315,9 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
         if wait_s > 0 and wait_n > 0:
             est["wait_s_per_sample"] = self._ema(self._wait_s_per_sample, wait_s / wait_n)
         est["hybrid_wait_s_per_sample"] = self._hybrid_wait_s_per_sample
-        if ctx.deactivate_wait_s > 0 and ctx.deactivate_wait_samples >= ctx.required_samples:
+        # the first cycle's wait is the pipeline fill (engines warming, an empty queue), not a steady-state wait
+        filled = self._cycles_learned > 0
+        if filled and ctx.deactivate_wait_s > 0 and ctx.deactivate_wait_samples >= ctx.required_samples:
             per_sample = ctx.deactivate_wait_s / ctx.deactivate_wait_samples
             scale, ratio = self._lent_scale(ctx), est["hybrid_ratio"]
             if scale > 1.0 and ratio:  # waited with k of n lent: the all-n wait per sample is shorter
@@ -417,7 +421,8 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
     # ---------------------------------------------------------------------------------------------- decisions
 
     def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
-        """The forecast threshold; the ``default`` rule (``int(R × ratio)``) while nothing is measured.
+        """The forecast threshold; before the first cycle is measured, the first batch (``required_samples``: the
+        pipeline fill), later the ``default`` rule (``int(R × ratio)``) while the forecast has no rates.
 
         Args:
             ctx: The decision context.
@@ -426,13 +431,18 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
             return ctx.step_required_samples
         fc = self.forecast(ctx)
         if fc is None:
+            if self._cycles_learned == 0 and self._rich(ctx):
+                # the pipeline fill: the trainer has nothing to train until its first batch, so the hybrid replicas
+                # help until that batch is queued and not longer (whether the standalones keep up is not known yet)
+                return ctx.required_samples
             return super().deactivate_wait_samples(ctx)
         return fc.threshold
 
     def should_activate_after_step(
         self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
     ) -> bool:
-        """True if ``only_hybrid``; False before anything is measured; else the forecast's gate.
+        """True if ``only_hybrid``; the ``default`` gate while nothing is measured (the start decision: an empty
+        queue lends the hybrid replicas for the pipeline fill); else the forecast's gate.
 
         With a plain :class:`DynamicScheduleContext` (no rate fields) the ``default`` gate decides.
 
@@ -447,8 +457,8 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
             return super().should_activate_after_step(global_steps, is_hybrid_active, ctx)
         fc = self.forecast(ctx)
         if fc is None:
-            logger.debug("rate_matched step=%d: nothing measured yet, not activating", global_steps)
-            return False
+            logger.debug("rate_matched step=%d: nothing measured yet, the default gate decides", global_steps)
+            return super().should_activate_after_step(global_steps, is_hybrid_active, ctx)
         logger.debug("rate_matched step=%d forecast %s", global_steps, fc)
         return fc.activate
 
@@ -495,6 +505,7 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
             return
         assert isinstance(ctx, RateScheduleContext)
         est = self._estimates(ctx)
+        self._cycles_learned += 1
         self._standalone_tok_s = est["standalone_tok_s"]
         self._hybrid_ratio = est["hybrid_ratio"]
         self._train_s_per_tok = est["train_s_per_tok"]
@@ -556,6 +567,7 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
                 "hybrid_wait_s_per_sample": self._hybrid_wait_s_per_sample,
                 "sync_s_per_replica": self._sync_s_per_replica,
                 "window_replicas": self._window_replicas,
+                "cycles_learned": self._cycles_learned,
             }
         )
         return state
@@ -584,6 +596,7 @@ class RateMatchedDynamicSchedulePolicy(DefaultDynamicSchedulePolicy):
                 value = state_dict[key]
                 setattr(self, f"_{key}", None if value is None else finite_state_value(value, key))
         self._window_replicas = int(state_dict.get("window_replicas", 0))
+        self._cycles_learned = int(state_dict.get("cycles_learned", 1 if self._standalone_tok_s is not None else 0))
 
 
 def lending_size(

@@ -62,7 +62,7 @@ def _doc_claims() -> list[tuple[str, float]]:
     return [(m[0], float(m[1])) for m in re.findall(r"best `(\w+)` \(([\d.]+) h", after)[:2]]
 
 
-def test_the_docs_lora_plan_changes_the_best_split(capsys):
+def test_the_docs_lora_plans_best_rows_hold_and_lora_cuts_every_runs_switching(capsys):
     commands, claims = _doc_commands(), _doc_claims()
     assert len(commands) == 2 and "--lora" in commands[1] and len(claims) == 2
     rows = []
@@ -72,7 +72,6 @@ def test_the_docs_lora_plan_changes_the_best_split(capsys):
     for plan_rows, (name, hours) in zip(rows, claims):
         assert plan_rows[0]["name"] == name
         assert plan_rows[0]["time_s"] / 3600 == pytest.approx(hours, abs=0.006)
-    assert rows[0][0]["name"] != rows[1][0]["name"]  # LoRA changes the plan
 
     def spent(row: dict) -> float:
         return sum(row["breakdown_s"][k] for k in SWITCH_KEYS)

@@ -34,12 +34,31 @@ def test_registered_and_a_subclass_of_default():
     assert policy.should_deactivate(3, False, DynamicScheduleContext()) is False
 
 
-def test_cold_start_does_not_activate_then_measured_shortfall_does():
+def test_the_start_lends_for_the_pipeline_fill_until_the_first_batch_then_a_measured_shortfall_decides():
     policy = RateMatchedDynamicSchedulePolicy()
-    assert not policy.should_activate_after_step(0, False, RateScheduleContext(required_samples=10))
+    start = RateScheduleContext(required_samples=10, trigger_parameter_sync_step=4)
+    assert policy.should_activate_after_step(0, False, start)  # an empty queue, nothing to train yet
+    assert policy.deactivate_wait_samples(start) == 10  # the first batch, not the cycle's 40
+    policy.update_after_step(0, start)
     ctx = _measured(queue_size=0)
     assert policy.should_activate_after_step(1, False, ctx)
     assert 10 <= policy.deactivate_wait_samples(ctx) <= ctx.step_required_samples
+
+
+def test_the_pipeline_fill_is_not_learned_as_the_wait_with_hybrid_help():
+    # the first cycle's deactivation wait was the fill: 600 s for its 10 samples, engines warming, an empty pipeline
+    fill = {"deactivate_wait_s": 600.0, "deactivate_wait_samples": 10, "step_wait_times": [0.0, 20.0, 20.0, 20.0]}
+    ctx = _measured(queue_size=0, step_queue_sizes=[10, 6, 3, 0], step_wait_samples=[0, 2, 2, 2], **fill)
+    fresh = RateMatchedDynamicSchedulePolicy()
+    assert fresh.should_activate_after_step(4, False, ctx)  # 10 s per missing sample idle; help beats it
+    fresh.update_after_step(4, ctx)
+    assert fresh.state_dict()["hybrid_wait_s_per_sample"] is None
+    # the same wait measured in a later cycle is a real one (60 s per sample with help): waiting idle is cheaper
+    learned = RateMatchedDynamicSchedulePolicy()
+    learned.load_state_dict(fresh.state_dict())
+    assert not learned.should_activate_after_step(8, False, ctx)
+    learned.update_after_step(8, ctx)
+    assert learned.state_dict()["hybrid_wait_s_per_sample"] == 60.0
 
 
 def test_never_activates_when_standalone_keeps_up():
