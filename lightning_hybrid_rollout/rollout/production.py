@@ -554,7 +554,7 @@ class ProductionLoop:
         if finished or unfinished:
             log.info(
                 "%s: stopped with %d finished samples not yet in the queue and %d unfinished ones (%d groups), kept "
-                "in state_dict (a resumed fit continues them)",
+                "in its state_dict (a fit resumed from a checkpoint that holds them continues them)",
                 self.name,
                 finished,
                 unfinished,
