@@ -190,10 +190,34 @@ class EpisodeDriver:
                     f"{_describe(err, self)}; fix the environment"
                 ) from err
         tools = [*self.tools, *(env.tools if env is not None else [])]
-        schemas = [t.schema for t in tools]
         record = group.metadata.get(self.prompt_key) or {}
-        messages = record.get("messages")
-        messages = [dict(m) for m in messages] if messages else [{"role": "user", "content": group.prompt}]
+        episode = self.first_turn(record.get("messages") or group.prompt, [t.schema for t in tools], reset_text)
+        ids = episode.prompt_token_ids
+        if episode.done:
+            raise AgentEnvironmentError(
+                f"episode {st.uid}: its prompt has {len(ids)} tokens, not under max_episode_tokens="
+                f"{self.budget.max_episode_tokens}; raise max_episode_tokens or shorten the prompt"
+            )
+        runner = ToolRunner(tools, timeout_s=self.config.tool_timeout_s, pool=self._pool)
+        live = _Live(episode, env, runner, uid=st.uid)
+        self._live[st.uid] = live
+        st.prompt_ids = ids
+        st.loss_mask = []
+        st.start_turn()
+        st.episode = await self._checkpoint_summary(live)
+
+    def first_turn(
+        self, prompt: str | Sequence[Mapping[str, Any]], schemas: list[dict[str, Any]], reset_text: str | None = None
+    ) -> Episode:
+        """An episode at its first model turn: the prompt with the tools (in the template, or described in a system
+        message where the template ignores them) and the environment's reset text, rendered and tokenized.
+
+        Args:
+            prompt: The data set's prompt: its chat messages, or plain text (one user message).
+            schemas: The episode's tool schemas (the run's tools and its environment's).
+            reset_text: The environment's ``reset()`` text, appended to the last user message (None: none).
+        """
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
         renders = self._template_renders(schemas)
         if schemas and not renders:
             messages = tools_system_message(messages, schemas, self.parser)
@@ -207,19 +231,30 @@ class EpisodeDriver:
             tokenize=False,
         )
         ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        episode = Episode(messages, ids, self.tokenizer, self.budget, self.chat_template, template_tools)
+        return Episode(messages, ids, self.tokenizer, self.budget, self.chat_template, template_tools)
+
+    def check_tools_fit(self, prompt: str | Sequence[Mapping[str, Any]]) -> None:
+        """Refuse, before anything starts, tools whose descriptions leave a data set prompt no room for a model turn.
+
+        Args:
+            prompt: A data set prompt (the first one), as :meth:`first_turn` takes it.
+
+        Raises:
+            ConfigError: the prompt with the tools is not under ``max_episode_tokens``, one line.
+        """
+        if not self.tools:
+            return
+        schemas = [t.schema for t in self.tools]
+        plain = len(self.first_turn(prompt, []).prompt_token_ids)
+        episode = self.first_turn(prompt, schemas)
         if episode.done:
-            raise AgentEnvironmentError(
-                f"episode {st.uid}: its prompt has {len(ids)} tokens, not under max_episode_tokens="
-                f"{self.budget.max_episode_tokens}; raise max_episode_tokens or shorten the prompt"
+            budget = self.budget.max_episode_tokens
+            raise ConfigError(
+                f"agentic.tools: the first prompt renders to {len(episode.prompt_token_ids)} tokens with the "
+                f"descriptions of {len(schemas)} tool{'s' if len(schemas) > 1 else ''} ({plain} without), not under "
+                f"agentic.max_episode_tokens={budget}; raise max_episode_tokens and rollout.max_model_len where the "
+                f"model's context allows, or use fewer tools or shorter docstrings, or a model with a longer context"
             )
-        runner = ToolRunner(tools, timeout_s=self.config.tool_timeout_s, pool=self._pool)
-        live = _Live(episode, env, runner, uid=st.uid)
-        self._live[st.uid] = live
-        st.prompt_ids = ids
-        st.loss_mask = []
-        st.start_turn()
-        st.episode = await self._checkpoint_summary(live)
 
     def turn_limit(self, st: Any) -> int:
         """The current turn's room: ``max_turn_tokens`` per turn, within the episode's token budget."""

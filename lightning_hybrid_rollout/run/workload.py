@@ -344,6 +344,9 @@ def build_workload(
             prompt_key=PROMPT_KEY,
             reserved_keys=tuple(RESERVED_KEYS),
         )
+        if preview and not isinstance(source, ResetPrompts):
+            text, _, messages = renderer.encode(preview[0])
+            episodes.check_tools_fit(messages or text)
     runner = (
         None
         if not functions

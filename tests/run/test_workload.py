@@ -251,3 +251,54 @@ def test_an_episode_budget_longer_than_the_model_s_context_is_refused_in_one_lin
         fit_episode_budget(AgenticConfig(environment="e.py:E", max_episode_tokens=1024), rollout)
     assert "model's context (512, config.json's max_position_embeddings)" in str(err.value)
     assert "lower max_episode_tokens to at most 512" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_tool_added_to_the_quickstart_that_leaves_no_room_for_a_turn_is_one_line_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    """The tiny model's tokenizer spells text out character by character: one tool's description in the system
+    message is ~800 tokens, past its 512-position context. The run refused the first episode after Ray and the
+    engines had started; now the workload refuses it, naming the tools and what to change."""
+    import yaml
+    from transformers import AutoTokenizer
+
+    from lightning_hybrid_rollout.agentic.runtime import AgenticConfig
+    from lightning_hybrid_rollout.config import RolloutConfig
+    from lightning_hybrid_rollout.errors import ConfigError
+    from lightning_hybrid_rollout.models.tiny_model import build_tiny_model
+    from lightning_hybrid_rollout.rewards import RewardConfig
+    from lightning_hybrid_rollout.run.workload import build_workload
+
+    config = yaml.safe_load(Path("examples/quickstart_cpu.yaml").read_text())
+    init = next(c for c in config["trainer"]["callbacks"] if c["class_path"].endswith("HybridRolloutCallback"))
+    build = init["init_args"]["build_model"]
+    model = build_tiny_model(tmp_path / "model", hidden=build["hidden"], layers=build["layers"], seed=build["seed"])
+
+    def workload(tools: tuple[str, ...], model: Path = model) -> Any:
+        rollout = RolloutConfig(**{**init["init_args"]["rollout"], "model_path": str(model)})
+        return build_workload(
+            dataset=None,
+            task=init["init_args"]["task"],
+            task_kwargs=None,
+            rewards=RewardConfig(),
+            rollout=rollout,
+            tokenizer=AutoTokenizer.from_pretrained(model),
+            agentic=AgenticConfig(tools=tools),
+        )
+
+    tools = ("tests/agentic/my_tools.py:add",)
+    with pytest.raises(ConfigError) as err:
+        workload(tools)  # nothing else
+    message = str(err.value)
+    assert message.startswith("agentic.tools: the first prompt renders to ") and "\n" not in message
+    assert "with the descriptions of 1 tool (" in message and "not under agentic.max_episode_tokens=512" in message
+    rendered = int(message.split("renders to ")[1].split(" tokens")[0])
+    plain = int(message.split("1 tool (")[1].split(" without")[0])
+    assert plain < 512 <= rendered
+    # a model whose context holds the description runs the same config
+    longer = build_tiny_model(tmp_path / "longer", hidden=32, layers=1, max_position_embeddings=2048)
+    fitted = workload(tools, model=longer)
+    try:
+        assert fitted.episodes is not None and fitted.episodes.budget.max_episode_tokens == 2048
+    finally:
+        fitted.close()
