@@ -87,8 +87,8 @@ def _closed(seed, name: str) -> float:
 def test_seed_gap_closure_measured(seed):
     """Where each step stands against the bound on the verl_32_devices preset (docs/simulator.md, "Where the gap
     goes")."""
-    assert 0.08 < _closed(seed, "dynamic_rate_matched_overlap") < 0.25  # measured: ~0.16 of the gap
-    assert 0.15 < _closed(seed, "dynamic_rate_matched_overlap_early") < 0.35  # measured: ~0.27
+    assert 0.15 < _closed(seed, "dynamic_rate_matched_overlap") < 0.32  # measured: ~0.23 of the gap
+    assert 0.24 < _closed(seed, "dynamic_rate_matched_overlap_early") < 0.42  # measured: ~0.33
 
 
 def test_seed_gap_closure_quarter(seed):
@@ -111,4 +111,4 @@ def test_seed_gap_closure_quarter(seed):
     assert sc.switch.standalone_commit_s == 5.0  # the assumed commit (docs/simulator.md: holds up to ~16 s)
     default = seed.run("dynamic_default").efficiency
     best = seed.run("dynamic_rate_matched_overlap_early_staged").efficiency
-    assert best >= default + (1 - default) / 4  # measured: 0.9696 >= 0.9642 (37% of the gap)
+    assert best >= default + (1 - default) / 4  # measured: 0.9725 >= 0.9642 (42% of the gap)
