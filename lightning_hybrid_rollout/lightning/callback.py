@@ -30,7 +30,7 @@ from lightning_hybrid_rollout.run.hybrid_run import CycleClose, HybridRun
 from lightning_hybrid_rollout.run.placement import rank_node_ips
 from lightning_hybrid_rollout.run.workload import attach_batch_source
 from lightning_hybrid_rollout.sources import DatasetConfig
-from lightning_hybrid_rollout.training.lora import check_adapter_sync, check_lora_targets, engine_lora_config
+from lightning_hybrid_rollout.training.lora import check_lora_sync
 from lightning_hybrid_rollout.validation.attach import attach_validation
 
 
@@ -158,7 +158,9 @@ class HybridRolloutCallback(Callback):
             if trainer.is_global_zero:
                 run.prepare_model(model_dir, Path(root), self._fit)
             trainer.strategy.barrier("lhr_model_ready")
-            self._check_lora(pl_module, model_dir)
+            lora, r = getattr(pl_module, "lora_config", None), run.rollout  # checked before Ray, on every rank
+            self._engine_lora = check_lora_sync(lora, model_dir, r.lora_sync, r.tensor_parallel_size)
+            self._trainer_side.adapter_only = self._engine_lora is not None  # syncs send the adapter alone
         workload = run.load_workload(model_dir, getattr(pl_module, "fit_sequence_length", None))
         datamodule = getattr(trainer, "datamodule", None)
         self._validation = attach_validation(
@@ -172,32 +174,10 @@ class HybridRolloutCallback(Callback):
             rank_zero_info(f"[lhr] policy {run.async_training.dynamic_schedule_policy}: {run.describe_policy()}")
             run.start_runtime(self._fit, self._trainer_side, node_ips, self._engine_lora)  # type: ignore[arg-type]
 
-    def _check_lora(self, pl_module: LightningModule, model_dir: str) -> None:
-        """A LoRA policy's ``target_modules`` against the model, before Ray (every rank); adapter-only syncs."""
-        lora_config = getattr(pl_module, "lora_config", None)
-        if lora_config is None:
-            return
-        check_lora_targets(lora_config, model_dir)
-        if self.run.rollout.lora_sync == "adapter":  # syncs send the adapter alone to LoRA engines
-            check_adapter_sync(lora_config, self.run.rollout.tensor_parallel_size)
-            self._trainer_side.adapter_only = True
-            self._engine_lora = engine_lora_config(lora_config)
-
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         run = self.run
-        self._report = CycleReport(
-            ledger=run.ledger,
-            runtime=run.runtime,
-            controller=run.controller,
-            policy=run.policy,
-            workload=run.workload,
-            clock=lambda: run.clock(),
-            summary_every_n_cycles=self.summary_every_n_cycles,
-            has_hybrid=run.rollout.hybrid_replicas > 0,
-            overlap=run.overlap if run.async_training.overlap_sync else None,
-            rollout_log=run.rollout_log,
-        )
+        self._report = CycleReport.for_run(run, self.summary_every_n_cycles)
         self._fit = self._fit or LightningFit(trainer, self._trainer_side)
         ranks = self._trainer_side.start_fit(trainer)
         pl_module.param_version = run.param_version
@@ -234,6 +214,18 @@ class HybridRolloutCallback(Callback):
             if self._validation is not None:
                 validation, self._validation = self._validation, None
                 validation.close()
+
+    @override
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.is_global_zero:  # validation runs on the trainer's devices: lent hybrid replicas sleep first
+            self.run.take_back_for_validation()
+        trainer.strategy.barrier("lhr_validating")
+        self._trainer_side.onload(trainer)
+
+    @override
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.state.fn == "fit" and self._report is not None and self._fit is not None:  # in-fit: lend again
+            self.run.lend_after_validation(self._fit, trainer.is_global_zero)
 
     # --------------------------------------------------------------------------------------------- per step
 

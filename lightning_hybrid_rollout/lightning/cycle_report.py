@@ -86,6 +86,28 @@ class CycleReport:
         self.fit_start = clock()
         self._filtering: Any = None  # the group filter's window of the cycle being closed
 
+    @classmethod
+    def for_run(cls, run: Any, summary_every_n_cycles: int) -> CycleReport:
+        """The report of a fit's :class:`~lightning_hybrid_rollout.run.hybrid_run.HybridRun` (rank 0, its runtime
+        started).
+
+        Args:
+            run: The fit's run object.
+            summary_every_n_cycles: A console line after the first cycle and every N cycles (0: never).
+        """
+        return cls(
+            ledger=run.ledger,
+            runtime=run.runtime,
+            controller=run.controller,
+            policy=run.policy,
+            workload=run.workload,
+            clock=lambda: run.clock(),
+            summary_every_n_cycles=summary_every_n_cycles,
+            has_hybrid=run.rollout.hybrid_replicas > 0,
+            overlap=run.overlap if run.async_training.overlap_sync else None,
+            rollout_log=run.rollout_log,
+        )
+
     @property
     def hybrid_active(self) -> bool:
         """Whether the hybrid replicas are active now."""

@@ -183,6 +183,8 @@ class HybridRun:
         self._fit: FitPort | None = None
         self._pending_state: dict[str, Any] | None = None
         self._fallback_warned = False
+        # the hybrid replicas in-fit validation took back, lent again after it (False: none were lent)
+        self._lent_before_validation: tuple[int, ...] | bool | None = False
         # checkpointed counters
         self.param_version = 0
         self.cycles_done = 0
@@ -542,6 +544,38 @@ class HybridRun:
         ranks.close()
         self.end_step()
         return CycleClose(stats, sync_s, end)
+
+    def take_back_for_validation(self) -> None:
+        """In-fit validation runs on the trainer's devices (rank 0): hybrid replicas lent now go to sleep first (their
+        requests aborted and continued elsewhere, as at a deactivation); :meth:`lend_after_validation` lends them
+        again."""
+        controller = self.controller
+        self._lent_before_validation = False
+        if controller is None or self.runtime is None or not controller.is_hybrid_active:
+            return  # not fitting (a sanity check, lhr validate, a fit already stopped) or nothing lent
+        self._lent_before_validation = controller.active_replicas  # None: all of them
+        t0 = self.clock()
+        duration = controller.deactivate(self.cycles_done)
+        self._record_switch("deactivate", duration)
+        self.runtime.trace_phase("switching", t0, self.clock(), op="deactivate", reason="validation")
+        self.call_log.append("deactivate_for_validation")
+
+    def lend_after_validation(self, fit: FitPort, rank_zero: bool) -> None:
+        """After in-fit validation (every rank): the replicas :meth:`take_back_for_validation` put to sleep are lent
+        again, inside a boundary of their own (every rank offloads first)."""
+        if not rank_zero:
+            fit.protocol.follow()
+            return
+        lent, self._lent_before_validation = self._lent_before_validation, False
+        ranks = fit.protocol
+        ranks.open()
+        if lent is not False and self.controller is not None:
+            t0 = self.clock()
+            duration = self.controller.activate(self.cycles_done, replicas=lent)  # type: ignore[arg-type]
+            self._record_switch("activate", duration)
+            self.runtime.trace_phase("switching", t0, self.clock(), op="activate", reason="validation")
+            self.call_log.append("activate_after_validation")
+        ranks.close()
 
     def follow_cycle(self, fit: FitPort) -> None:
         """A cycle's last step on a rank other than 0: the version moves on, the rank follows rank 0's boundary."""

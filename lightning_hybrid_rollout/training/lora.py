@@ -323,6 +323,28 @@ def check_adapter_sync(config: LoraConfig, tensor_parallel_size: int = 1, key: s
         )
 
 
+def check_lora_sync(
+    config: LoraConfig | None, model_path: str | os.PathLike[str], lora_sync: str, tensor_parallel_size: int = 1
+) -> dict[str, Any] | None:
+    """A LoRA policy's checks before anything starts: its ``target_modules`` against the model and, for adapter-only
+    syncs (``rollout.lora_sync: adapter``), what the engines need; returns the engines' LoRA settings (None: no LoRA,
+    or merged syncs).
+
+    Args:
+        config: The policy's LoRA config (None: full fine-tuning).
+        model_path: The model's directory.
+        lora_sync: ``rollout.lora_sync`` (``adapter`` or ``merged``).
+        tensor_parallel_size: The engines' tensor-parallel size.
+    """
+    if config is None:
+        return None
+    check_lora_targets(config, model_path)
+    if lora_sync != "adapter":
+        return None
+    check_adapter_sync(config, tensor_parallel_size)
+    return engine_lora_config(config)
+
+
 def merged_state_dict(model: nn.Module) -> dict[str, Tensor]:
     """The merged model's state dict (detached CPU copies, base names); the model is not changed.
 

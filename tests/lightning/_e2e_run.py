@@ -10,7 +10,8 @@ actor at the end of that step, once earlier steps' replacements joined; kills of
 ``sync_mode``, ``response_length``, ``settle`` (a step at whose end the run waits until every replacement joined),
 ``settle_up`` (likewise until every replacement is up, joining left to the callback), ``max_restarts``,
 ``health_timeout``, ``filter_groups`` (``rollout.filter_groups``), ``max_num_gen_batches``,
-``reward_funcs``, ``module_filter_groups`` (``GRPOModule``'s), ``record_prompts`` (the prompt index and uid of every
+``reward_funcs``, ``val_check_interval`` (in-fit validation on the toy task every that many steps),
+``module_filter_groups`` (``GRPOModule``'s), ``record_prompts`` (the prompt index and uid of every
 trained sample, in ``trained_prompts`` / ``trained_uids``), ``policy_kwargs``
 (``dynamic_schedule_policy_kwargs``), ``account`` (at the last step, the rollouter's counters and queue taken
 atomically, in ``account``, beside the samples trained). Every fit also reports the replicas lent after each step
@@ -274,9 +275,12 @@ def main(spec_path: str) -> None:
         enable_model_summary=False,
         enable_checkpointing=bool(spec.get("save_every")),
         default_root_dir=str(root),
+        val_check_interval=spec.get("val_check_interval"),
+        num_sanity_val_steps=0,
     )
     module = GRPOModule(model_path=spec["model_dir"], lr=3e-4, filter_groups=spec.get("module_filter_groups", False))
-    datamodule = RecordingDataModule() if spec.get("record_prompts") else RolloutDataModule()
+    val_task = "arithmetic" if spec.get("val_check_interval") else None
+    datamodule = RecordingDataModule() if spec.get("record_prompts") else RolloutDataModule(val_task=val_task)
     error: BaseException | None = None
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=spec.get("ckpt_path"))

@@ -96,6 +96,8 @@ def training_state_tensors(strategy: Any) -> dict[str, Tensor]:
         out[f"param/{name}"] = _local(p)
         if p.grad is not None:
             out[f"grad/{name}"] = _local(p.grad)
+    for name, grad, _ in getattr(strategy, "_hybrid_parked_grads", ()):  # offloaded: parked apart, .grad is None
+        out[f"grad/{name}"] = _local(grad)
     for name, b in module.named_buffers():
         out[f"buffer/{name}"] = b.detach()
     for i, opt in enumerate(_inner_optimizers(strategy)):

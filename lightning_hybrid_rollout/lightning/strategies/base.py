@@ -140,6 +140,7 @@ class HybridStrategyMixin:
     pin_memory: bool = True
     _hybrid_offloaded: bool = False
     _hybrid_module_homes: tuple[torch.device, ...] = ()
+    _hybrid_parked_grads: tuple[tuple[str, Tensor, torch.device], ...] = ()
     _hybrid_optimizer_slots: tuple[OptimizerSlot, ...] = ()
 
     # ------------------------------------------------------------------ public contract
@@ -313,8 +314,18 @@ class HybridStrategyMixin:
             # bookkeeping uniform (`_apply` needs a new tensor) and the pinned pool for device tensors
             return copy_tensor_to(tensor, tensor.device)
 
+        module = self._hybrid_lightning_module()
+        # gradients are parked apart, by parameter name: Lightning releases them (zero_grad, set to None) before an
+        # in-fit validation, which may find the state offloaded; the module's tensor walk must not depend on them
+        grads = []
+        for name, param in module.named_parameters():
+            if param.grad is not None:
+                grads.append((name, param.grad))
+                param.grad = None
         with torch.no_grad():
-            self._hybrid_lightning_module()._apply(to_host)
+            module._apply(to_host)
+            self._hybrid_parked_grads = tuple((name, to_host(grad), grad.device) for name, grad in grads)
+        del homes[len(homes) - len(grads) :]  # the grads' homes are parked with them
         self._hybrid_module_homes = tuple(homes)
         self._hybrid_optimizer_slots = tuple(self._move_optimizer_state(to_host_root=root, pin=pin))
 
@@ -334,13 +345,17 @@ class HybridStrategyMixin:
             position += 1
             return copy_tensor_to(tensor, home)
 
+        module = self._hybrid_lightning_module()
         with torch.no_grad():
-            self._hybrid_lightning_module()._apply(to_home)
+            module._apply(to_home)
         if position != len(homes):
             raise RuntimeError(
                 f"{type(self).__name__}: onload restored {position} module tensors but {len(homes)} were offloaded; "
                 "do not modify the model while offloaded"
             )
+        for name, grad, home in self._hybrid_parked_grads:
+            module.get_parameter(name).grad = copy_tensor_to(grad, home)
+        self._hybrid_parked_grads = ()
         for slot in self._hybrid_optimizer_slots:
             slot.state[slot.key] = copy_tensor_to(slot.state[slot.key], slot.home)
         self._hybrid_module_homes = ()
