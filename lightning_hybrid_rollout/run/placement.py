@@ -318,9 +318,10 @@ def check_placement(specs: Sequence[ReplicaSpec], nodes: Sequence[Mapping[str, A
             hybrid = sum(len(g) for g in per_node.values())
             problems.append(
                 f"standalone placement: the cluster has {cpus:g} CPU and {gpus:g} GPU; beside the {hybrid} hybrid "
-                f"replica{'s' if hybrid != 1 else ''} there is room for {fit} of {len(free)} standalone replicas ({free[0].cpus} CPU, "
-                f"{free[0].gpus:g} GPU each); lower rollout.standalone_replicas, rollout.hybrid_replicas or "
-                "rollout.cpus_per_replica, or join a node with more (`ray start --address=<head>:6379`)"
+                f"replica{'s' if hybrid != 1 else ''} there is room for {fit} of {len(free)} standalone replicas "
+                f"({free[0].cpus} CPU, {free[0].gpus:g} GPU each); lower rollout.standalone_replicas, "
+                "rollout.hybrid_replicas or rollout.cpus_per_replica, or join a node with more "
+                "(`ray start --address=<head>:6379`)"
             )
     if problems:
         raise ConfigError(problems)
