@@ -46,6 +46,12 @@ def cli_main(args: Sequence[str], run: bool = True) -> LightningCLI:
     class HybridRolloutCLI(LightningCLI):
         """LightningCLI with the GRPO module, the rollout-fed data module and the hybrid progress bar as defaults."""
 
+        @override
+        def before_instantiate_classes(self) -> None:
+            if self.subcommand == "validate":  # a fit's metrics and config are not overwritten by its validation
+                trainer = self.config["validate"]["trainer"]
+                trainer["logger"] = validate_beside_the_fit(trainer.get("logger"))
+
         def instantiate_trainer(self, **kwargs: Any) -> Any:
             cfg = self._get(self.config_init, "trainer", default={})
             kwargs.setdefault(
@@ -88,6 +94,30 @@ def cli_main(args: Sequence[str], run: bool = True) -> LightningCLI:
             auto_configure_optimizers=False,
             run=run,
         )
+
+
+def validate_beside_the_fit(logger: Any) -> Any:
+    """``lhr validate``'s logger config: a logger with a fixed ``version`` (the examples' CSVLogger, ``version: ""``)
+    writes to ``<version>-validate`` beside it (``validate/`` for ``""``), so validating a fit's checkpoint with the
+    fit's config does not replace its ``metrics.csv``, ``hparams.yaml`` and ``config.yaml``; other loggers are
+    unchanged.
+
+    Args:
+        logger: The config's ``trainer.logger``: a ``class_path``/``init_args`` entry, a list of them, or a bool.
+
+    Example::
+
+        >>> from jsonargparse import Namespace
+        >>> csv = Namespace(class_path="CSVLogger", init_args=Namespace(save_dir="runs/q", version=""))
+        >>> validate_beside_the_fit([csv])[0].init_args.version
+        'validate'
+    """
+    for entry in logger if isinstance(logger, list) else [logger]:
+        init = getattr(entry, "init_args", None)
+        version = getattr(init, "version", None)
+        if version is not None:
+            init.version = f"{version}-validate" if str(version) else "validate"
+    return logger
 
 
 def main(argv: Sequence[str] | None = None) -> None:

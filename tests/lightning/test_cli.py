@@ -582,3 +582,30 @@ def test_lhr_validate_scores_greedy_answers_on_held_out_prompts(tmp_path: Path, 
     cli_obj = cli.cli_main(["validate", "--config", str(path)])
     reward = float(cli_obj.trainer.callback_metrics["val/reward"])
     assert 0.0 <= reward <= 1.0
+
+
+def test_lhr_validate_with_the_fits_own_config_keeps_the_fits_metrics_and_config(
+    tmp_path: Path, quickstart: dict[str, Any]
+) -> None:
+    """The README's ``lhr validate --config <the fit's config> --ckpt_path ...``: the example's CSVLogger has a fixed
+    version (``""``), so validation wrote its one row over the fit's ``metrics.csv`` (and its config). It now logs
+    to ``validate/`` beside them."""
+    from lightning_hybrid_rollout.models.tiny_model import build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path / "model", hidden=64, layers=1, seed=0)
+    run = tmp_path / "run"
+    config = copy.deepcopy(quickstart)
+    config["trainer"]["default_root_dir"] = str(run)
+    config["trainer"]["logger"]["init_args"]["save_dir"] = str(run)
+    assert config["trainer"]["logger"]["init_args"]["version"] == ""  # as the example has it
+    config["trainer"]["callbacks"] = []
+    config["model"]["init_args"]["model_path"] = str(model_dir)
+    config["data"]["init_args"]["val_prompts"] = 8
+    run.mkdir()
+    fit_files = {"metrics.csv": "step,train/reward_mean\n0,0.1\n1,0.2\n", "config.yaml": "# the fit's\n"}
+    for name, text in fit_files.items():
+        (run / name).write_text(text)
+    cli_obj = cli.cli_main(["validate", "--config", str(_write(tmp_path, config, "validate.yaml"))])
+    assert {name: (run / name).read_text() for name in fit_files} == fit_files
+    assert cli_obj.trainer.log_dir == str(run / "validate")
+    assert "val/reward" in (run / "validate" / "metrics.csv").read_text()
