@@ -59,7 +59,7 @@ def test_lhr_validate_on_the_agentic_example_prints_the_episode_reward_of_whole_
     (tmp_path / "output.txt").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert re.search(r"val/episode_reward\s*│\s*[0-9.]+", proc.stdout), proc.stdout[-3000:]  # the printed table
-    with open(tmp_path / "metrics.csv") as f:
+    with open(tmp_path / "validate" / "metrics.csv") as f:  # beside a fit's own logs, never over them
         (row,) = list(csv.DictReader(f))
     reward, turns = float(row["val/episode_reward"]), float(row["val/turns"])
     assert 0.0 <= reward <= 1.0 and 0.0 <= float(row["val/env_reward"]) <= 1.0

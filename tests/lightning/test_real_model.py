@@ -155,7 +155,7 @@ def test_lhr_validate_reports_mean_reward_and_pass_at_k_of_the_real_model_from_v
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    with open(tmp_path / "metrics.csv") as f:
+    with open(tmp_path / "validate" / "metrics.csv") as f:  # beside a fit's own logs, never over them
         (row,) = list(csv.DictReader(f))
     for key in ("val/reward", "val/pass@1", "val/pass@2", "val/rewards/sum_correct_mean", "val/truncated_fraction"):
         assert row.get(key) not in (None, ""), (key, row)
