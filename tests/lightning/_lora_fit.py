@@ -22,27 +22,13 @@ from lightning_hybrid_rollout.lightning.data import RolloutDataModule
 from lightning_hybrid_rollout.lightning.module import GRPOModule
 from lightning_hybrid_rollout.rollout.weights.format import checksum_state
 from lightning_hybrid_rollout.run import runtime as runtime_module
-from lightning_hybrid_rollout.schedule import DynamicScheduleContext, DynamicSchedulePolicyBase, register_policy
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# registers e2e_alternate_lending: it lends after every sync whatever this machine's speed (``default`` skips lending
+# when the standalone replica alone keeps the queue full, as on a quiet host), so each fit has hybrid activations
+import _e2e_run  # noqa: F401
 
 REPORTS: list[Any] = []
-
-
-@register_policy("lora_fit_lend_every_cycle")
-class LendEveryCyclePolicy(DynamicSchedulePolicyBase):
-    """Lends the hybrid replica after every sync and takes it back once a batch's worth of samples queued, so each
-    fit has hybrid activations whatever this machine's speed (``default`` skips lending when the standalone replica
-    alone keeps the queue full, as it does on a quiet host)."""
-
-    def should_deactivate(self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext) -> bool:
-        return is_hybrid_active
-
-    def deactivate_wait_samples(self, ctx: DynamicScheduleContext) -> int:
-        return ctx.required_samples
-
-    def should_activate_after_step(
-        self, global_steps: int, is_hybrid_active: bool, ctx: DynamicScheduleContext
-    ) -> bool:
-        return True
 
 
 def _record_every_push() -> None:
@@ -99,7 +85,7 @@ def main(spec_path: str) -> None:
             lora_sync=spec["lora_sync"],
         ),
         async_training=AsyncTrainingConfig(
-            trigger_parameter_sync_step=1, mini_batch_size=16, dynamic_schedule_policy="lora_fit_lend_every_cycle"
+            trigger_parameter_sync_step=1, mini_batch_size=16, dynamic_schedule_policy="e2e_alternate_lending"
         ),
         task="arithmetic",
         build_model=True,
