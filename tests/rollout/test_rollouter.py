@@ -420,8 +420,8 @@ def test_a_normal_stop_says_once_what_it_kept_instead_of_warning_for_each_group(
         (
             logging.INFO,
             f"rollouter: stopped with {finished} finished samples not yet in the queue and "
-            f"{len(samples) - finished} unfinished ones ({len(pending)} groups), kept in state_dict (a resumed fit "
-            "continues them)",
+            f"{len(samples) - finished} unfinished ones ({len(pending)} groups), kept in its state_dict (a fit "
+            "resumed from a checkpoint that holds them continues them)",
         )
     ]
 
