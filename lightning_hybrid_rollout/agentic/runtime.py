@@ -245,10 +245,10 @@ class EpisodeDriver:
         if not self.tools:
             return
         schemas = [t.schema for t in self.tools]
-        plain = len(self.first_turn(prompt, []).prompt_token_ids)
         episode = self.first_turn(prompt, schemas)
         if episode.done:
             budget = self.budget.max_episode_tokens
+            plain = len(self.first_turn(prompt, []).prompt_token_ids)
             raise ConfigError(
                 f"agentic.tools: the first prompt renders to {len(episode.prompt_token_ids)} tokens with the "
                 f"descriptions of {len(schemas)} tool{'s' if len(schemas) > 1 else ''} ({plain} without), not under "

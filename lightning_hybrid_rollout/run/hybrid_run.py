@@ -183,8 +183,8 @@ class HybridRun:
         self._fit: FitPort | None = None
         self._pending_state: dict[str, Any] | None = None
         self._fallback_warned = False
-        # the hybrid replicas in-fit validation took back, lent again after it (False: none were lent)
-        self._lent_before_validation: tuple[int, ...] | bool | None = False
+        # the hybrid replicas in-fit validation took back, lent again after it (None: none were lent)
+        self._lent_before_validation: tuple[int, ...] | None = None
         # checkpointed counters
         self.param_version = 0
         self.cycles_done = 0
@@ -550,10 +550,10 @@ class HybridRun:
         requests aborted and continued elsewhere, as at a deactivation); :meth:`lend_after_validation` lends them
         again."""
         controller = self.controller
-        self._lent_before_validation = False
+        self._lent_before_validation = None
         if controller is None or self.runtime is None or not controller.is_hybrid_active:
             return  # not fitting (a sanity check, lhr validate, a fit already stopped) or nothing lent
-        self._lent_before_validation = controller.active_replicas  # None: all of them
+        self._lent_before_validation = controller.active_replicas  # built with num_hybrid_replicas: their indices
         t0 = self.clock()
         duration = controller.deactivate(self.cycles_done)
         self._record_switch("deactivate", duration)
@@ -566,12 +566,12 @@ class HybridRun:
         if not rank_zero:
             fit.protocol.follow()
             return
-        lent, self._lent_before_validation = self._lent_before_validation, False
+        lent, self._lent_before_validation = self._lent_before_validation, None
         ranks = fit.protocol
         ranks.open()
-        if lent is not False and self.controller is not None:
+        if lent and self.controller is not None:
             t0 = self.clock()
-            duration = self.controller.activate(self.cycles_done, replicas=lent)  # type: ignore[arg-type]
+            duration = self.controller.activate(self.cycles_done, replicas=lent)
             self._record_switch("activate", duration)
             self.runtime.trace_phase("switching", t0, self.clock(), op="activate", reason="validation")
             self.call_log.append("activate_after_validation")

@@ -306,13 +306,16 @@ class HybridStrategyMixin:
         pin = self.pin_memory and root.type == "cuda"
         homes: list[torch.device] = []
 
-        def to_host(tensor: Tensor) -> Tensor:
-            homes.append(tensor.device)
+        def host_copy(tensor: Tensor) -> Tensor:
             if tensor.device == root:
                 return copy_tensor_to(tensor, host, pin)
             # already off the device (CPU root, or host-resident on a CUDA root): a plain copy keeps the
             # bookkeeping uniform (`_apply` needs a new tensor) and the pinned pool for device tensors
             return copy_tensor_to(tensor, tensor.device)
+
+        def to_host(tensor: Tensor) -> Tensor:
+            homes.append(tensor.device)
+            return host_copy(tensor)
 
         module = self._hybrid_lightning_module()
         # gradients are parked apart, by parameter name: Lightning releases them (zero_grad, set to None) before an
@@ -324,8 +327,7 @@ class HybridStrategyMixin:
                 param.grad = None
         with torch.no_grad():
             module._apply(to_host)
-            self._hybrid_parked_grads = tuple((name, to_host(grad), grad.device) for name, grad in grads)
-        del homes[len(homes) - len(grads) :]  # the grads' homes are parked with them
+            self._hybrid_parked_grads = tuple((name, host_copy(grad), grad.device) for name, grad in grads)
         self._hybrid_module_homes = tuple(homes)
         self._hybrid_optimizer_slots = tuple(self._move_optimizer_state(to_host_root=root, pin=pin))
 
